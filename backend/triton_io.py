@@ -4,6 +4,18 @@ Every name is a constant here so a typo fails at import time. This module import
 the adapter uses the names too and must stay free of torch.
 """
 
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from backend.params import EngineLimits, GenerationParams, InvalidRequestError
+
+if TYPE_CHECKING:
+    from backend.engine import StepOutput
+
 # --- inputs of `llm` (and of `ensemble`, which forwards them) ---------------------------------
 INPUT_IDS = "INPUT_IDS"  # INT32 [-1], llm only
 TEXT_INPUT = "TEXT_INPUT"  # BYTES [1], ensemble / preprocessing only
@@ -33,3 +45,148 @@ LOGPROB_TOKEN_BYTES = "LOGPROB_TOKEN_BYTES"  # BYTES [M] on the first response, 
 FINISH_REASON = "FINISH_REASON"  # BYTES [1], "" until the final response
 PROMPT_TOKENS = "PROMPT_TOKENS"  # INT32 [1]
 COMPLETION_TOKENS = "COMPLETION_TOKENS"  # INT32 [1], cumulative
+
+# -inf cannot travel through JSON clients; vLLM and this contract send it as -9999.0.
+NEG_INF_LOGPROB = -9999.0
+
+
+def _scalar(arrays: Mapping[str, np.ndarray], name: str, kind: str):
+    """The single element of an optional `[1]` input, or None when absent."""
+    value = arrays.get(name)
+    if value is None:
+        return None
+    value = np.asarray(value)
+    if value.size != 1:
+        raise InvalidRequestError(name, f"expected one element, got shape {list(value.shape)}")
+    if value.dtype.kind not in kind:
+        raise InvalidRequestError(name, f"unexpected dtype {value.dtype}")
+    return value.reshape(-1)[0].item()
+
+
+def _int_list(arrays: Mapping[str, np.ndarray], name: str) -> list[int] | None:
+    value = arrays.get(name)
+    if value is None:
+        return None
+    value = np.asarray(value)
+    if value.dtype.kind not in "iu":
+        raise InvalidRequestError(name, f"expected integer token ids, got dtype {value.dtype}")
+    if value.ndim != 1:
+        raise InvalidRequestError(name, f"expected a 1-D tensor, got shape {list(value.shape)}")
+    return value.astype(np.int64).tolist()
+
+
+def _check_ids(name: str, ids: list[int], vocab_size: int) -> None:
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise InvalidRequestError(
+            name, f"id {bad[0]} is outside the vocabulary [0, {vocab_size})"
+        )
+
+
+def _strings(arrays: Mapping[str, np.ndarray], name: str) -> list[str]:
+    value = arrays.get(name)
+    if value is None:
+        return []
+    try:
+        return [
+            v.decode("utf-8") if isinstance(v, bytes) else str(v)
+            for v in np.asarray(value, dtype=object).reshape(-1)
+        ]
+    except UnicodeDecodeError as exc:
+        raise InvalidRequestError(name, "is not valid UTF-8") from exc
+
+
+def parse_request(
+    arrays: Mapping[str, np.ndarray], limits: EngineLimits, request_id: str = ""
+) -> GenerationParams:
+    """Input tensors of one request -> validated params; raises InvalidRequestError."""
+    prompt = _int_list(arrays, INPUT_IDS)
+    if not prompt:
+        raise InvalidRequestError(INPUT_IDS, "the prompt is empty")
+    _check_ids(INPUT_IDS, prompt, limits.vocab_size)
+    if len(prompt) >= limits.max_model_len:
+        raise InvalidRequestError(
+            INPUT_IDS,
+            f"the prompt has {len(prompt)} tokens, the context holds {limits.max_model_len}",
+        )
+    params = GenerationParams(prompt_ids=prompt, request_id=request_id)
+
+    max_tokens = _scalar(arrays, MAX_TOKENS, "iu")
+    if max_tokens is not None:
+        if max_tokens < 0:
+            raise InvalidRequestError(MAX_TOKENS, f"must be >= 0, got {max_tokens}")
+        params.max_tokens = max_tokens
+    temperature = _scalar(arrays, TEMPERATURE, "f")
+    if temperature is not None:
+        if not 0.0 <= temperature < float("inf"):
+            raise InvalidRequestError(TEMPERATURE, f"must be >= 0, got {temperature}")
+        params.temperature = temperature
+    top_p = _scalar(arrays, TOP_P, "f")
+    if top_p is not None:
+        if not 0.0 < top_p <= 1.0:
+            raise InvalidRequestError(TOP_P, f"must be in (0, 1], got {top_p}")
+        params.top_p = top_p
+    top_k = _scalar(arrays, TOP_K, "iu")
+    if top_k is not None:
+        if top_k < -1:
+            raise InvalidRequestError(TOP_K, f"must be >= 0 (or -1 for off), got {top_k}")
+        params.top_k = max(top_k, 0)
+    params.seed = _scalar(arrays, SEED, "iu")
+    params.stop = [s for s in _strings(arrays, STOP) if s]
+    stop_ids = _int_list(arrays, STOP_TOKEN_IDS) or []
+    _check_ids(STOP_TOKEN_IDS, stop_ids, limits.vocab_size)
+    params.stop_token_ids = stop_ids
+    ignore_eos = _scalar(arrays, IGNORE_EOS, "b")
+    params.ignore_eos = bool(ignore_eos)
+
+    logprobs = _scalar(arrays, LOGPROBS, "iu")
+    if logprobs is not None and not 0 <= logprobs <= limits.max_logprobs:
+        raise InvalidRequestError(
+            LOGPROBS, f"must be in [0, {limits.max_logprobs}], got {logprobs}"
+        )
+    params.logprobs = logprobs
+    ids = _int_list(arrays, LOGPROB_TOKEN_IDS)
+    if ids is not None:
+        if not ids:
+            raise InvalidRequestError(LOGPROB_TOKEN_IDS, "must not be empty")
+        if len(ids) > limits.max_logprob_token_ids:
+            raise InvalidRequestError(
+                LOGPROB_TOKEN_IDS,
+                f"{len(ids)} ids requested, at most {limits.max_logprob_token_ids} are allowed",
+            )
+        _check_ids(LOGPROB_TOKEN_IDS, ids, limits.vocab_size)
+        params.logprob_token_ids = ids
+    return params
+
+
+def _bytes_array(values: list[bytes], shape: tuple[int, ...]) -> np.ndarray:
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    return array.reshape(shape)
+
+
+def _logprob_array(values: np.ndarray) -> np.ndarray:
+    return np.maximum(np.asarray(values, dtype=np.float32), np.float32(NEG_INF_LOGPROB))
+
+
+def output_arrays(out: StepOutput, params: GenerationParams) -> dict[str, np.ndarray]:
+    """One streamed response. Every output is present (zero-size when empty): an ensemble only
+    forwards a response once each of its outputs has a tensor."""
+    n = len(out.token_ids)
+    k = params.logprobs or 0
+    m = len(params.logprob_token_ids)
+    want = params.logprobs is not None
+    return {
+        OUTPUT_IDS: np.asarray(out.token_ids, dtype=np.int32),
+        TEXT_OUTPUT: _bytes_array([out.text.encode("utf-8")], (1,)),
+        OUTPUT_TOKEN_BYTES: _bytes_array(out.token_bytes, (n,)),
+        OUTPUT_LOGPROBS: _logprob_array(out.logprobs if want else np.zeros(0)),
+        TOP_LOGPROB_IDS: np.asarray(out.top_ids, dtype=np.int32).reshape(n, k),
+        TOP_LOGPROBS: _logprob_array(out.top_logprobs).reshape(n, k),
+        TOP_LOGPROB_TOKEN_BYTES: _bytes_array(out.top_bytes, (n, k)),
+        LOGPROB_TOKEN_LOGPROBS: _logprob_array(out.token_id_logprobs).reshape(n, m),
+        LOGPROB_TOKEN_BYTES: _bytes_array(out.token_id_bytes, (len(out.token_id_bytes),)),
+        FINISH_REASON: _bytes_array([(out.finish_reason or "").encode()], (1,)),
+        PROMPT_TOKENS: np.asarray([out.prompt_tokens], dtype=np.int32),
+        COMPLETION_TOKENS: np.asarray([out.completion_tokens], dtype=np.int32),
+    }

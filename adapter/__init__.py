@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP adapter in front of the Triton `ensemble` / `llm` models."""

@@ -1,0 +1,194 @@
+"""Generation params <-> Triton tensors: pure functions on numpy arrays (no server needed)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import np_to_triton_dtype
+
+from backend.triton_io import (
+    COMPLETION_TOKENS,
+    FINISH_REASON,
+    IGNORE_EOS,
+    INPUT_IDS,
+    LOGPROB_TOKEN_BYTES,
+    LOGPROB_TOKEN_IDS,
+    LOGPROB_TOKEN_LOGPROBS,
+    LOGPROBS,
+    MAX_TOKENS,
+    MESSAGES,
+    OUTPUT_IDS,
+    OUTPUT_LOGPROBS,
+    OUTPUT_TOKEN_BYTES,
+    PROMPT_TOKENS,
+    SEED,
+    STOP,
+    STOP_TOKEN_IDS,
+    TEMPERATURE,
+    TEXT_INPUT,
+    TEXT_OUTPUT,
+    TOP_K,
+    TOP_LOGPROB_IDS,
+    TOP_LOGPROB_TOKEN_BYTES,
+    TOP_LOGPROBS,
+    TOP_P,
+)
+
+OUTPUT_NAMES = (
+    OUTPUT_IDS,
+    TEXT_OUTPUT,
+    OUTPUT_TOKEN_BYTES,
+    OUTPUT_LOGPROBS,
+    TOP_LOGPROB_IDS,
+    TOP_LOGPROBS,
+    TOP_LOGPROB_TOKEN_BYTES,
+    LOGPROB_TOKEN_LOGPROBS,
+    LOGPROB_TOKEN_BYTES,
+    FINISH_REASON,
+    PROMPT_TOKENS,
+    COMPLETION_TOKENS,
+)
+"""Every output of `llm` / `ensemble`; each streamed response carries all of them."""
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """One generation request in the model's terms; `None` / empty leaves the model's default.
+
+    Exactly one prompt field is set. `logprob_token_ids` holds distinct ids: column j of
+    LOGPROB_TOKEN_LOGPROBS is then id j, with no duplicate columns to skip.
+    """
+
+    text: str | None = None
+    """Completion prompt text (TEXT_INPUT, `ensemble`)."""
+    messages: tuple[Mapping[str, Any], ...] | None = None
+    """Chat messages, rendered by the chat template inside Triton (MESSAGES, `ensemble`)."""
+    prompt_ids: tuple[int, ...] | None = None
+    """Token-id prompt (INPUT_IDS, `llm`)."""
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    """0 disables top-k."""
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool | None = None
+    logprobs: int | None = None
+    """Natural top-k count; set (0 included) to get the sampled token's logprob."""
+    logprob_token_ids: tuple[int, ...] = ()
+
+
+def _scalar(value: float | bool, dtype: type[np.generic]) -> np.ndarray:
+    return np.array([value], dtype=dtype)
+
+
+def _strings(values: list[str] | tuple[str, ...]) -> np.ndarray:
+    return np.array([v.encode("utf-8") for v in values], dtype=np.object_)
+
+
+def build_inputs(params: GenerationParams) -> dict[str, np.ndarray]:
+    """The input arrays of one request, typed as the models' configs declare them."""
+    prompts = [p for p in (params.text, params.messages, params.prompt_ids) if p is not None]
+    if len(prompts) != 1:
+        raise ValueError("GenerationParams needs exactly one of text, messages, prompt_ids")
+    arrays: dict[str, np.ndarray] = {}
+    if params.text is not None:
+        arrays[TEXT_INPUT] = _strings([params.text])
+    elif params.messages is not None:
+        arrays[MESSAGES] = _strings([json.dumps(list(params.messages), ensure_ascii=False)])
+    else:
+        arrays[INPUT_IDS] = np.array(params.prompt_ids, dtype=np.int32)
+    optional: list[tuple[str, Any, type[np.generic]]] = [
+        (MAX_TOKENS, params.max_tokens, np.int32),
+        (TEMPERATURE, params.temperature, np.float32),
+        (TOP_P, params.top_p, np.float32),
+        (TOP_K, params.top_k, np.int32),
+        (SEED, params.seed, np.int64),
+        (IGNORE_EOS, params.ignore_eos, np.bool_),
+        (LOGPROBS, params.logprobs, np.int32),
+    ]
+    for name, value, dtype in optional:
+        if value is not None:
+            arrays[name] = _scalar(value, dtype)
+    if params.stop:
+        arrays[STOP] = _strings(params.stop)
+    if params.stop_token_ids:
+        arrays[STOP_TOKEN_IDS] = np.array(params.stop_token_ids, dtype=np.int32)
+    if params.logprob_token_ids:
+        arrays[LOGPROB_TOKEN_IDS] = np.array(params.logprob_token_ids, dtype=np.int32)
+    return arrays
+
+
+def to_infer_inputs(arrays: Mapping[str, np.ndarray]) -> list[grpcclient.InferInput]:
+    """Wraps arrays as gRPC `InferInput`s, the Triton dtype taken from the numpy dtype."""
+    inputs = []
+    for name, array in arrays.items():
+        infer_input = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        infer_input.set_data_from_numpy(array)
+        inputs.append(infer_input)
+    return inputs
+
+
+@dataclass(frozen=True)
+class TritonOutput:
+    """One streamed response of the model as plain Python values (n = len(output_ids))."""
+
+    output_ids: list[int]
+    text: str
+    """Text delta; stop strings are cut and a multi-byte character is never split."""
+    token_bytes: list[bytes]
+    """Each new token's raw bytes (possibly a partial UTF-8 sequence)."""
+    logprobs: list[float]
+    """[n] when LOGPROBS was sent, else []."""
+    top_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+    top_token_bytes: list[list[bytes]]
+    requested_logprobs: list[list[float]]
+    """[n][M]: column j is LOGPROB_TOKEN_IDS[j]."""
+    requested_token_bytes: list[bytes]
+    """[M] on the first response of a request, [] afterwards."""
+    finish_reason: str | None
+    """None until the final response, then the model's reason (`stop`, `length`, ...)."""
+    prompt_tokens: int
+    completion_tokens: int
+    """Cumulative over the request."""
+    final: bool
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray | None], *, final: bool) -> TritonOutput:
+        """Reads a response's arrays; a missing output counts as empty."""
+
+        def values(name: str) -> list[Any]:
+            array = arrays.get(name)
+            return [] if array is None else array.tolist()
+
+        def count(name: str) -> int:
+            array = arrays.get(name)
+            return int(array.reshape(-1)[0]) if array is not None and array.size else 0
+
+        def text(name: str) -> str:
+            array = arrays.get(name)
+            raw = b"" if array is None else b"".join(array.reshape(-1).tolist())
+            return raw.decode("utf-8", errors="replace")
+
+        return cls(
+            output_ids=values(OUTPUT_IDS),
+            text=text(TEXT_OUTPUT),
+            token_bytes=values(OUTPUT_TOKEN_BYTES),
+            logprobs=values(OUTPUT_LOGPROBS),
+            top_ids=values(TOP_LOGPROB_IDS),
+            top_logprobs=values(TOP_LOGPROBS),
+            top_token_bytes=values(TOP_LOGPROB_TOKEN_BYTES),
+            requested_logprobs=values(LOGPROB_TOKEN_LOGPROBS),
+            requested_token_bytes=values(LOGPROB_TOKEN_BYTES),
+            finish_reason=text(FINISH_REASON) or None,
+            prompt_tokens=count(PROMPT_TOKENS),
+            completion_tokens=count(COMPLETION_TOKENS),
+            final=final,
+        )

@@ -1,0 +1,58 @@
+"""The `parameters` of a model's config.pbtxt, typed, with the defaults documented there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def _parameters(model_config: dict[str, Any]) -> dict[str, str]:
+    return {
+        key: value.get("string_value", "")
+        for key, value in (model_config.get("parameters") or {}).items()
+    }
+
+
+def resolve_model_path(value: str, model_repository: str) -> str:
+    """A relative `model_path` is relative to the model repository folder (the parent of the
+    model's own folder), so a repository can ship a pointer to a model beside it."""
+    path = Path(value)
+    if not path.is_absolute():
+        path = (Path(model_repository).parent / path).resolve()
+    return str(path)
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    model_path: str
+    device: str = "auto"
+    dtype: str = "auto"
+    max_model_len: int = 0
+    """0 = the model's max_position_embeddings."""
+    max_num_seqs: int = 16
+    max_logprobs: int = 20
+    max_logprob_token_ids: int = 1024
+
+    @classmethod
+    def from_model_config(cls, model_config: dict[str, Any], model_repository: str) -> LLMConfig:
+        """`model_repository` is Triton's `args["model_repository"]` (the model's own folder)."""
+        params = _parameters(model_config)
+        if not params.get("model_path"):
+            raise ValueError("config.pbtxt parameter `model_path` is required")
+        return cls(
+            model_path=resolve_model_path(params["model_path"], model_repository),
+            device=params.get("device", "auto") or "auto",
+            dtype=params.get("dtype", "auto") or "auto",
+            max_model_len=int(params.get("max_model_len", 0) or 0),
+            max_num_seqs=int(params.get("max_num_seqs", 16) or 16),
+            max_logprobs=int(params.get("max_logprobs", 20) or 20),
+            max_logprob_token_ids=int(params.get("max_logprob_token_ids", 1024) or 1024),
+        )
+
+
+def preprocessing_model_path(model_config: dict[str, Any], model_repository: str) -> str:
+    params = _parameters(model_config)
+    if not params.get("model_path"):
+        raise ValueError("config.pbtxt parameter `model_path` is required")
+    return resolve_model_path(params["model_path"], model_repository)

@@ -1,0 +1,347 @@
+"""The generation engine: a thread that advances every active request by one token per iteration.
+
+Iteration-level scheduling: between iterations new requests are admitted (prefilled) and finished
+or cancelled ones leave, so many streams progress together. Each iteration samples all rows in one
+vectorised call and gathers all rows' logprobs in one `kernels.gather_logprobs` call, on the raw
+logits (DESIGN.md §4).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from backend.detokenizer import IncrementalDetokenizer
+from backend.model_runner import ModelRunner
+from backend.params import EngineLimits, GenerationParams
+from backend.sampling import SamplingBatch, sample
+from backend.stopping import LENGTH, STOP, StopStringMatcher, token_stop_reason
+from backend.token_bytes import token_bytes_table
+from kernels import gather_logprobs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepOutput:
+    """What one streamed response carries: the tokens of this step, and the finish on the last."""
+
+    token_ids: list[int]
+    text: str
+    token_bytes: list[bytes]
+    logprobs: np.ndarray  # [n]
+    top_ids: np.ndarray  # [n, k]
+    top_logprobs: np.ndarray  # [n, k]
+    top_bytes: list[bytes]  # n * k, row-major
+    token_id_logprobs: np.ndarray  # [n, M]
+    token_id_bytes: list[bytes]  # [M] on the first response, empty afterwards
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class OutputSink(Protocol):
+    """Where a request's responses go (model.py wraps Triton's response sender)."""
+
+    def send(self, output: StepOutput) -> None:
+        """A data response; the final one when `output.finish_reason` is set."""
+
+    def send_error(self, message: str, *, cancelled: bool = False) -> None:
+        """The final response, as an error."""
+
+    def is_cancelled(self) -> bool: ...
+
+
+@dataclass
+class EngineStats:
+    active_sequences: int = 0
+    waiting_requests: int = 0
+    generated_tokens: int = 0
+    cancelled_requests: int = 0
+    finished_requests: int = 0
+
+
+@dataclass
+class _Sequence:
+    params: GenerationParams
+    sink: OutputSink
+    generator: torch.Generator
+    detokenizer: IncrementalDetokenizer
+    stop_matcher: StopStringMatcher
+    stop_ids: frozenset[int]
+    cache: Any = None
+    logits: torch.Tensor | None = None
+    generated: int = 0
+    sent_first: bool = False
+    token_ids_tensor: torch.Tensor | None = None
+    last_token: int = -1
+    finished: bool = False
+
+    @property
+    def total_len(self) -> int:
+        return len(self.params.prompt_ids) + self.generated
+
+
+class Engine:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        max_model_len: int,
+        max_num_seqs: int = 16,
+        max_logprobs: int = 20,
+        max_logprob_token_ids: int = 1024,
+        on_stats: Callable[[EngineStats], None] | None = None,
+    ) -> None:
+        self.runner = runner
+        self.limits = EngineLimits(
+            vocab_size=runner.vocab_size,
+            max_model_len=max_model_len,
+            max_logprobs=max_logprobs,
+            max_logprob_token_ids=max_logprob_token_ids,
+        )
+        self.max_num_seqs = max_num_seqs
+        self.token_bytes = token_bytes_table(runner.tokenizer, runner.vocab_size)
+        self._skip_ids = frozenset(runner.tokenizer.all_special_ids)
+        self._on_stats = on_stats
+        self.stats = EngineStats()
+        self._incoming: queue.Queue[tuple[GenerationParams, OutputSink]] = queue.Queue()
+        self._active: list[_Sequence] = []
+        self._running = False
+        self._thread: threading.Thread | None = None
+
+    # --- public API (any thread) ----------------------------------------------------------------
+    def start(self) -> None:
+        self._running = True
+        self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the loop; requests still in flight get a final error response."""
+        self._running = False
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        for seq in self._active:
+            seq.sink.send_error("the model is shutting down")
+        self._active.clear()
+        while not self._incoming.empty():
+            _, sink = self._incoming.get_nowait()
+            sink.send_error("the model is shutting down")
+
+    def submit(self, params: GenerationParams, sink: OutputSink) -> None:
+        """Queue a validated request; responses go to `sink` from the engine thread."""
+        self._incoming.put((params, sink))
+
+    # --- engine thread ------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while self._running:
+            try:
+                self._admit()
+                if self._active:
+                    self._step()
+            except Exception as exc:  # a bug must not kill the thread or hang the streams
+                logger.exception("engine iteration failed")
+                for seq in self._active:
+                    seq.sink.send_error(f"internal error: {exc}")
+                self._active.clear()
+            self._publish_stats()
+
+    def _admit(self) -> None:
+        block = not self._active
+        while len(self._active) < self.max_num_seqs:
+            try:
+                params, sink = self._incoming.get(timeout=0.05) if block else (
+                    self._incoming.get_nowait()
+                )
+            except queue.Empty:
+                return
+            block = False
+            self._start_sequence(params, sink)
+
+    def _start_sequence(self, params: GenerationParams, sink: OutputSink) -> None:
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        generator = torch.Generator(device=self.runner.device)
+        generator.manual_seed(seed)
+        stop_ids = frozenset(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids |= self.runner.eos_ids
+        seq = _Sequence(
+            params=params,
+            sink=sink,
+            generator=generator,
+            detokenizer=IncrementalDetokenizer(self.token_bytes, self._skip_ids),
+            stop_matcher=StopStringMatcher(params.stop),
+            stop_ids=stop_ids,
+        )
+        if params.logprob_token_ids:
+            seq.token_ids_tensor = torch.tensor(params.logprob_token_ids, dtype=torch.int32)
+        if params.max_tokens == 0:
+            self._finish(seq, self._empty_output(seq, LENGTH))
+            return
+        seq.cache, seq.logits = self.runner.prefill(params.prompt_ids)
+        self._active.append(seq)
+
+    def _step(self) -> None:
+        self._drop_cancelled()
+        rows = self._active
+        if not rows:
+            return
+        logits = torch.stack([seq.logits for seq in rows])
+        sampled = sample(logits, self._sampling_batch(rows))
+        gathered = self._gather(logits, sampled, rows)
+        sampled_ids = sampled.tolist()
+        for row, (seq, token) in enumerate(zip(rows, sampled_ids, strict=True)):
+            self._advance(seq, row, token, gathered)
+        self._active = [seq for seq in rows if not seq.finished]
+        if self._active:
+            new_logits = self.runner.decode(
+                [seq.cache for seq in self._active], [seq.last_token for seq in self._active]
+            )
+            for seq, row_logits in zip(self._active, new_logits, strict=True):
+                seq.logits = row_logits
+
+    def _drop_cancelled(self) -> None:
+        kept = []
+        for seq in self._active:
+            if seq.sink.is_cancelled():
+                self.stats.cancelled_requests += 1
+                seq.sink.send_error("the request was cancelled", cancelled=True)
+            else:
+                kept.append(seq)
+        self._active = kept
+
+    def _sampling_batch(self, rows: list[_Sequence]) -> SamplingBatch:
+        device = self.runner.device
+        return SamplingBatch(
+            temperature=torch.tensor([s.params.temperature for s in rows], device=device),
+            top_p=torch.tensor([s.params.top_p for s in rows], device=device),
+            top_k=torch.tensor([s.params.top_k for s in rows], device=device),
+            generators=[s.generator for s in rows],
+        )
+
+    def _gather(
+        self, logits: torch.Tensor, sampled: torch.Tensor, rows: list[_Sequence]
+    ) -> dict[str, np.ndarray] | None:
+        """All rows' logprobs in one kernel call, copied to the host once."""
+        if not any(seq.params.wants_logprobs for seq in rows):
+            return None
+        top_k = max(seq.params.logprobs or 0 for seq in rows)
+        lengths = [len(seq.params.logprob_token_ids) for seq in rows]
+        offsets = torch.zeros(len(rows) + 1, dtype=torch.int64)
+        offsets[1:] = torch.tensor(lengths).cumsum(0)
+        ids = [seq.token_ids_tensor for seq in rows if seq.token_ids_tensor is not None]
+        flat = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.int32)
+        device = logits.device
+        out = gather_logprobs(
+            logits,
+            sampled,
+            top_k=top_k,
+            token_ids=flat.to(device),
+            row_offsets=offsets.to(device),
+        )
+        return {
+            "sampled": out.sampled_logprobs.cpu().numpy(),
+            "top_ids": out.top_ids.cpu().numpy(),
+            "top_logprobs": out.top_logprobs.cpu().numpy(),
+            "token_logprobs": out.token_logprobs.cpu().numpy(),
+            "offsets": offsets.numpy(),
+        }
+
+    def _advance(
+        self, seq: _Sequence, row: int, token: int, gathered: dict[str, np.ndarray] | None
+    ) -> None:
+        seq.generated += 1
+        seq.last_token = token
+        self.stats.generated_tokens += 1
+        params = seq.params
+        reason = token_stop_reason(
+            token,
+            generated=seq.generated,
+            total_len=seq.total_len,
+            max_tokens=params.max_tokens,
+            max_model_len=self.limits.max_model_len,
+            stop_ids=seq.stop_ids,
+        )
+        # A stop token's own text is not returned (vLLM); its id and logprobs are.
+        piece = "" if token in seq.stop_ids else seq.detokenizer.push(token)
+        if reason is not None:
+            piece += seq.detokenizer.flush()
+        text, hit_stop_string = seq.stop_matcher.push(piece)
+        if hit_stop_string:
+            reason = STOP
+        elif reason is not None:
+            text += seq.stop_matcher.flush()
+
+        k = params.logprobs or 0
+        m = len(params.logprob_token_ids)
+        if gathered is not None and params.wants_logprobs:
+            top_ids = gathered["top_ids"][row, :k].reshape(1, k)
+            top_logprobs = gathered["top_logprobs"][row, :k].reshape(1, k)
+            start, end = gathered["offsets"][row], gathered["offsets"][row + 1]
+            id_logprobs = gathered["token_logprobs"][start:end].reshape(1, m)
+            logprobs = gathered["sampled"][row : row + 1]
+        else:
+            top_ids, top_logprobs = np.zeros((1, 0), np.int32), np.zeros((1, 0), np.float32)
+            id_logprobs, logprobs = np.zeros((1, 0), np.float32), np.zeros(1, np.float32)
+        output = StepOutput(
+            token_ids=[token],
+            text=text,
+            token_bytes=[self.token_bytes[token]],
+            logprobs=logprobs,
+            top_ids=top_ids,
+            top_logprobs=top_logprobs,
+            top_bytes=[self.token_bytes[i] for i in top_ids.reshape(-1).tolist()],
+            token_id_logprobs=id_logprobs,
+            token_id_bytes=self._first_response_id_bytes(seq),
+            finish_reason=reason,
+            prompt_tokens=len(params.prompt_ids),
+            completion_tokens=seq.generated,
+        )
+        if reason is None:
+            seq.sink.send(output)
+        else:
+            self._finish(seq, output)
+
+    def _first_response_id_bytes(self, seq: _Sequence) -> list[bytes]:
+        if seq.sent_first:
+            return []
+        seq.sent_first = True
+        return [self.token_bytes[i] for i in seq.params.logprob_token_ids]
+
+    def _empty_output(self, seq: _Sequence, reason: str) -> StepOutput:
+        m = len(seq.params.logprob_token_ids)
+        k = seq.params.logprobs or 0
+        return StepOutput(
+            token_ids=[],
+            text="",
+            token_bytes=[],
+            logprobs=np.zeros(0, np.float32),
+            top_ids=np.zeros((0, k), np.int32),
+            top_logprobs=np.zeros((0, k), np.float32),
+            top_bytes=[],
+            token_id_logprobs=np.zeros((0, m), np.float32),
+            token_id_bytes=self._first_response_id_bytes(seq),
+            finish_reason=reason,
+            prompt_tokens=len(seq.params.prompt_ids),
+            completion_tokens=seq.generated,
+        )
+
+    def _finish(self, seq: _Sequence, output: StepOutput) -> None:
+        seq.finished = True
+        seq.cache = None
+        seq.logits = None
+        self.stats.finished_requests += 1
+        seq.sink.send(output)
+
+    def _publish_stats(self) -> None:
+        self.stats.active_sequences = len(self._active)
+        self.stats.waiting_requests = self._incoming.qsize()
+        if self._on_stats is not None:
+            self._on_stats(self.stats)

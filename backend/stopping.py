@@ -1,0 +1,59 @@
+"""Decides when a sequence stops, and why (the OpenAI `finish_reason`)."""
+
+from __future__ import annotations
+
+STOP = "stop"
+LENGTH = "length"
+CANCELLED = "cancelled"
+
+
+class StopStringMatcher:
+    """Cuts the text stream at the first stop string, which itself is never emitted.
+
+    The last `len(longest stop) - 1` characters are held back, because a stop string may begin
+    in them and end in a later delta; any stop string that starts in emitted text has therefore
+    already been seen whole.
+    """
+
+    def __init__(self, stops: list[str]) -> None:
+        self._stops = stops
+        self._hold = max((len(s) for s in stops), default=1) - 1
+        self._buffer = ""
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """(text that can be emitted now, whether a stop string was found)."""
+        if not self._stops:
+            return text, False
+        self._buffer += text
+        hits = [i for i in (self._buffer.find(s) for s in self._stops) if i >= 0]
+        if hits:
+            emit, self._buffer = self._buffer[: min(hits)], ""
+            return emit, True
+        cut = max(len(self._buffer) - self._hold, 0)
+        emit, self._buffer = self._buffer[:cut], self._buffer[cut:]
+        return emit, False
+
+    def flush(self) -> str:
+        emit, self._buffer = self._buffer, ""
+        return emit
+
+
+def token_stop_reason(
+    token_id: int,
+    *,
+    generated: int,
+    total_len: int,
+    max_tokens: int,
+    max_model_len: int,
+    stop_ids: frozenset[int],
+) -> str | None:
+    """The finish reason after appending `token_id`, or None to continue.
+
+    `stop_ids` holds EOS (unless ignored) and the request's stop token ids; `total_len` counts
+    prompt and generated tokens.
+    """
+    if token_id in stop_ids:
+        return STOP
+    if generated >= max_tokens or total_len >= max_model_len:
+        return LENGTH
+    return None

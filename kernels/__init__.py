@@ -1,0 +1,37 @@
+"""Logprob gathering for a decode batch: sampled, top-k and explicit ids, in one read of the logits."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.common import LogprobOutput
+from kernels.logprobs import INTERPRET, gather_logprobs_triton
+from kernels.reference import gather_logprobs_torch
+
+__all__ = ["LogprobOutput", "gather_logprobs"]
+
+
+def gather_logprobs(
+    logits: torch.Tensor,
+    sampled_ids: torch.Tensor,
+    top_k: int = 0,
+    token_ids: torch.Tensor | None = None,
+    row_offsets: torch.Tensor | None = None,
+    return_rank: bool = False,
+) -> LogprobOutput:
+    """Logprobs of the raw logits' log-softmax, for the sampled ids, the top k and explicit ids.
+
+    logits: [B, V] fp32/bf16/fp16, unit stride along V (rows may be strided).
+    sampled_ids: [B], any int dtype. top_k: 0..20 (and <= V).
+    token_ids: flat [N] with `row_offsets` [B + 1] (row b owns `token_ids[off[b]:off[b + 1]]`),
+    or padded [B, Kmax] with -1 padding and no offsets, or None.
+    return_rank: also return the sampled ids' ranks.
+
+    Any id outside [0, V) gets -inf. CUDA tensors run the Triton kernels without a host
+    synchronisation; CPU tensors run the torch path, or the Triton kernels when
+    TRITON_INTERPRET=1 was set before `kernels` was imported (how CI tests the kernels).
+    `kernels.logprobs.gather_logprobs_triton` and `kernels.reference.gather_logprobs_torch`
+    force one path.
+    """
+    run = gather_logprobs_triton if logits.is_cuda or INTERPRET else gather_logprobs_torch
+    return run(logits, sampled_ids, top_k, token_ids, row_offsets, return_rank)

@@ -1,0 +1,128 @@
+"""Triton glue for the generation engine: decoupled, one response per generated token.
+
+Tensor contract: README.md "Tensors". `execute` parses each request into `GenerationParams` and
+hands it to the engine thread; the engine answers through `_ResponseSink`, which sends the FINAL
+flag with the last data response, exactly once, also on error and cancellation.
+"""
+
+import json
+
+import triton_python_backend_utils as pb_utils
+
+from backend.config import LLMConfig
+from backend.engine import Engine, EngineStats, StepOutput
+from backend.model_runner import ModelRunner
+from backend.params import GenerationParams, InvalidRequestError
+from backend.triton_io import output_arrays, parse_request
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class _ResponseSink:
+    def __init__(self, request, params: GenerationParams, logger) -> None:
+        self._request = request
+        self._sender = request.get_response_sender()
+        self._params = params
+        self._logger = logger
+        self._final_sent = False
+
+    def _send(self, response, final: bool) -> None:
+        if self._final_sent:
+            return
+        self._final_sent = final
+        try:
+            self._sender.send(response, flags=FINAL if final else 0)
+        except Exception as exc:  # the client may be gone; never let it reach the engine loop
+            self._logger.log_warn(f"request {self._params.request_id}: send failed: {exc}")
+
+    def send(self, output: StepOutput) -> None:
+        arrays = output_arrays(output, self._params)
+        tensors = [pb_utils.Tensor(name, array) for name, array in arrays.items()]
+        self._send(pb_utils.InferenceResponse(output_tensors=tensors), output.finish_reason is not None)
+
+    def send_error(self, message: str, *, cancelled: bool = False) -> None:
+        code = pb_utils.TritonError.CANCELLED if cancelled else pb_utils.TritonError.INTERNAL
+        self._send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), True)
+
+    def is_cancelled(self) -> bool:
+        return self._request.is_cancelled()
+
+
+class _Metrics:
+    """Engine counters on Triton's metrics port (custom metrics)."""
+
+    _GAUGES = frozenset({"active_sequences", "waiting_requests"})
+
+    def __init__(self, model_name: str) -> None:
+        labels = {"model": model_name}
+        gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
+        self._families = {
+            "active_sequences": pb_utils.MetricFamily(
+                "llm_active_sequences", "Sequences being generated", gauge),
+            "waiting_requests": pb_utils.MetricFamily(
+                "llm_waiting_requests", "Requests waiting for a sequence slot", gauge),
+            "generated_tokens": pb_utils.MetricFamily(
+                "llm_generated_tokens_total", "Tokens generated", counter),
+            "cancelled_requests": pb_utils.MetricFamily(
+                "llm_cancelled_requests_total", "Requests cancelled by their client", counter),
+            "finished_requests": pb_utils.MetricFamily(
+                "llm_finished_requests_total", "Requests that finished generating", counter),
+        }
+        self._metrics = {key: family.Metric(labels=labels) for key, family in self._families.items()}
+        self._last = EngineStats()
+
+    def update(self, stats: EngineStats) -> None:
+        for key, metric in self._metrics.items():
+            value, last = getattr(stats, key), getattr(self._last, key)
+            if value == last:
+                continue
+            if key in self._GAUGES:
+                metric.set(value)
+            else:
+                metric.increment(value - last)
+            setattr(self._last, key, value)
+
+
+class TritonPythonModel:
+    def initialize(self, args) -> None:
+        model_config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
+            raise pb_utils.TritonModelException(
+                "llm streams one response per token: set model_transaction_policy { decoupled: true }"
+            )
+        self.logger = pb_utils.Logger
+        config = LLMConfig.from_model_config(model_config, args["model_repository"])
+        runner = ModelRunner(config.model_path, device=config.device, dtype=config.dtype)
+        context = int(getattr(runner.model.config, "max_position_embeddings", 0) or 0)
+        max_model_len = min(x for x in (config.max_model_len, context) if x > 0)
+        self.metrics = _Metrics(args["model_name"])
+        self.engine = Engine(
+            runner,
+            max_model_len=max_model_len,
+            max_num_seqs=config.max_num_seqs,
+            max_logprobs=config.max_logprobs,
+            max_logprob_token_ids=config.max_logprob_token_ids,
+            on_stats=self.metrics.update,
+        )
+        self.engine.start()
+        self.logger.log_info(
+            f"llm ready: {config.model_path} on {runner.device} ({runner.dtype}), "
+            f"vocab {runner.vocab_size}, context {max_model_len}"
+        )
+
+    def execute(self, requests) -> None:
+        for request in requests:
+            arrays = {t.name(): t.as_numpy() for t in request.inputs()}
+            try:
+                params = parse_request(arrays, self.engine.limits, request.request_id())
+            except InvalidRequestError as exc:
+                error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+                request.get_response_sender().send(
+                    pb_utils.InferenceResponse(error=error), flags=FINAL
+                )
+                continue
+            self.engine.submit(params, _ResponseSink(request, params, self.logger))
+        return None
+
+    def finalize(self) -> None:
+        self.engine.stop()

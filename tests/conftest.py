@@ -1,0 +1,31 @@
+"""Session fixtures: the small test model and one real tritonserver serving it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from backend import default_model
+from backend.repository import write_repository
+from backend.tritonserver import TritonServer
+
+# Small enough for CPU tests; a context short enough to test the limit without huge prompts.
+TEST_PARAMETERS = {"max_model_len": "256", "max_num_seqs": "8", "max_logprob_token_ids": "1024"}
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    return default_model.ensure(default_model.TEST_SPEC)
+
+
+@pytest.fixture(scope="session")
+def triton_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    run = tmp_path_factory.mktemp("triton")
+    repository = write_repository(run / "model_repository", model_dir, TEST_PARAMETERS)
+    server = TritonServer(
+        repository, http_port=0, grpc_port=0, metrics_port=0, log_path=run / "tritonserver.log"
+    )
+    with server:
+        yield server

@@ -1,0 +1,364 @@
+"""The `llm` and `ensemble` models on a real tritonserver, through tritonclient gRPC streaming."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from backend import triton_io as io
+from backend.default_model import PASSAGE
+from tests.reference import reference_greedy, reference_logprobs, tokenizer
+from tests.streaming import Streamer, generate
+
+ATOL = 1e-4
+
+
+def i32(*values: int) -> np.ndarray:
+    return np.array(values, dtype=np.int32)
+
+
+def f32(value: float) -> np.ndarray:
+    return np.array([value], dtype=np.float32)
+
+
+def text(value: str) -> np.ndarray:
+    return np.array([value.encode()], dtype=object)
+
+
+@pytest.fixture(scope="module")
+def passage_ids(model_dir) -> list[int]:
+    return tokenizer(model_dir)(PASSAGE)["input_ids"]
+
+
+def metric(triton_server, name: str) -> float:
+    with urllib.request.urlopen(triton_server.metrics_url, timeout=5) as reply:
+        body = reply.read().decode()
+    match = re.search(rf'^{name}\{{[^}}]*model="llm"[^}}]*\}} ([0-9.e+]+)$', body, re.MULTILINE)
+    assert match, f"{name} not in Triton's metrics"
+    return float(match.group(1))
+
+
+def wait_for(condition, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+@pytest.mark.parametrize("model", ["llm", "ensemble"])
+def test_greedy_tokens_equal_transformers_generate(triton_server, model_dir, model):
+    prompt = "Triton serves the model"
+    prompt_ids = tokenizer(model_dir)(prompt)["input_ids"]
+    inputs = {io.MAX_TOKENS: i32(48), io.TEMPERATURE: f32(0.0)}
+    if model == "llm":
+        inputs[io.INPUT_IDS] = i32(*prompt_ids)
+    else:
+        inputs[io.TEXT_INPUT] = text(prompt)
+    result = generate(triton_server.grpc_url, model, inputs)
+    assert result.error is None
+    expected = reference_greedy(model_dir, prompt_ids, 48)
+    assert len(expected) == 48
+    assert result.token_ids == expected
+    assert result.finish_reason == "length"
+    assert all(len(r[io.OUTPUT_IDS]) == 1 for r in result.responses)
+    last = result.responses[-1]
+    assert last[io.PROMPT_TOKENS][0] == len(prompt_ids)
+    assert last[io.COMPLETION_TOKENS][0] == 48
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_logprobs_equal_float64_reference(triton_server, model_dir, passage_ids, temperature):
+    prompt = passage_ids[:5]
+    greedy = reference_greedy(model_dir, prompt, 4)
+    # Ids the sampler never picks, a duplicate, an id past the tokenizer (padded vocabulary),
+    # and the greedy tokens themselves.
+    explicit = [7, 1023, greedy[0], 7, 500, greedy[1]]
+    result = generate(
+        triton_server.grpc_url,
+        "llm",
+        {
+            io.INPUT_IDS: i32(*prompt),
+            io.MAX_TOKENS: i32(40),
+            io.TEMPERATURE: f32(temperature),
+            io.SEED: np.array([1234], np.int64),
+            io.LOGPROBS: i32(5),
+            io.LOGPROB_TOKEN_IDS: i32(*explicit),
+        },
+    )
+    assert result.error is None
+    tokens = result.token_ids
+    ref = reference_logprobs(model_dir, prompt, tokens)
+    n = len(tokens)
+    assert n == 40
+    sampled = result.cat(io.OUTPUT_LOGPROBS)
+    np.testing.assert_allclose(sampled, ref[np.arange(n), tokens], atol=ATOL)
+    top_ids = result.cat(io.TOP_LOGPROB_IDS)
+    assert top_ids.shape == (n, 5)
+    ref_order = np.argsort(-ref, axis=1, kind="stable")[:, :5]
+    np.testing.assert_array_equal(top_ids, ref_order)
+    np.testing.assert_allclose(
+        result.cat(io.TOP_LOGPROBS), np.take_along_axis(ref, ref_order, 1), atol=ATOL
+    )
+    columns = result.cat(io.LOGPROB_TOKEN_LOGPROBS)
+    assert columns.shape == (n, len(explicit))
+    np.testing.assert_allclose(columns, ref[:, explicit], atol=ATOL)
+    assert np.all(columns <= 0) and np.all(columns > -9999.0)
+    # Bytes of the explicit ids come once, on the first response.
+    token_bytes = result.responses[0][io.LOGPROB_TOKEN_BYTES].tolist()
+    tok = tokenizer(model_dir)
+    assert token_bytes[0] == tok.decode([7]).encode()
+    assert token_bytes[1] == b""  # 1023 is a padded id: no token, no bytes
+    assert all(len(r[io.LOGPROB_TOKEN_BYTES]) == 0 for r in result.responses[1:])
+    if temperature == 0.0:
+        assert tokens[:4] == greedy
+
+
+def test_seed_reproduces_sampling(triton_server, passage_ids):
+    def run(seed: int) -> list[int]:
+        inputs = {
+            io.INPUT_IDS: i32(*passage_ids[:3]),
+            io.MAX_TOKENS: i32(24),
+            io.TEMPERATURE: f32(3.0),
+            io.SEED: np.array([seed], np.int64),
+        }
+        return generate(triton_server.grpc_url, "llm", inputs).token_ids
+
+    first = run(7)
+    assert run(7) == first
+    assert run(8) != first
+
+
+def test_four_concurrent_streams_match_each_alone(triton_server, passage_ids):
+    cases = [(passage_ids[:3], 30), (passage_ids[10:14], 12), (passage_ids[:1], 45), ([9, 8], 20)]
+
+    def inputs(prompt: list[int], max_tokens: int) -> dict[str, np.ndarray]:
+        return {
+            io.INPUT_IDS: i32(*prompt),
+            io.MAX_TOKENS: i32(max_tokens),
+            io.TEMPERATURE: f32(0.0),
+            io.LOGPROBS: i32(2),
+            io.IGNORE_EOS: np.array([True]),
+        }
+
+    alone = [generate(triton_server.grpc_url, "llm", inputs(*case)) for case in cases]
+    streamers = [Streamer(triton_server.grpc_url) for _ in cases]
+    for streamer, case in zip(streamers, cases, strict=True):
+        streamer.send("llm", inputs(*case))
+    together = [streamer.collect() for streamer in streamers]
+    for streamer in streamers:
+        streamer.close()
+    for one, many, (_, max_tokens) in zip(alone, together, cases, strict=True):
+        assert many.error is None
+        assert many.token_ids == one.token_ids
+        assert len(many.token_ids) == max_tokens
+        assert many.text == one.text
+        np.testing.assert_allclose(many.cat(io.OUTPUT_LOGPROBS), one.cat(io.OUTPUT_LOGPROBS),
+                                   atol=ATOL)
+
+
+def test_cancelled_stream_stops_generating(triton_server, passage_ids):
+    cancelled_before = metric(triton_server, "llm_cancelled_requests_total")
+    streamer = Streamer(triton_server.grpc_url)
+    streamer.send(
+        "llm",
+        {io.INPUT_IDS: i32(*passage_ids[:3]), io.MAX_TOKENS: i32(200), io.IGNORE_EOS: np.array([True])},
+    )
+    for _ in range(3):
+        outputs, error, final = streamer.next()
+        assert error is None and not final
+    streamer.close(cancel=True)
+    assert wait_for(lambda: metric(triton_server, "llm_cancelled_requests_total") > cancelled_before)
+    assert wait_for(lambda: metric(triton_server, "llm_active_sequences") == 0)
+    generated = metric(triton_server, "llm_generated_tokens_total")
+    time.sleep(0.5)
+    assert metric(triton_server, "llm_generated_tokens_total") == generated
+    # The server serves the next request.
+    result = generate(
+        triton_server.grpc_url, "llm", {io.INPUT_IDS: i32(*passage_ids[:3]), io.MAX_TOKENS: i32(5)}
+    )
+    assert result.error is None and len(result.token_ids) == 5
+
+
+BAD_INPUTS = [
+    ({io.INPUT_IDS: i32(1, 2, 5000)}, "INPUT_IDS: id 5000 is outside the vocabulary [0, 1024)"),
+    ({io.INPUT_IDS: i32(-1)}, "INPUT_IDS: id -1 is outside the vocabulary"),
+    ({io.INPUT_IDS: np.zeros(0, np.int32)}, "INPUT_IDS: the prompt is empty"),
+    ({io.INPUT_IDS: i32(*range(300))}, "INPUT_IDS: the prompt has 300 tokens, the context holds 256"),
+    ({io.INPUT_IDS: i32(1), io.MAX_TOKENS: i32(-1)}, "MAX_TOKENS: must be >= 0, got -1"),
+    ({io.INPUT_IDS: i32(1), io.TEMPERATURE: f32(-0.5)}, "TEMPERATURE: must be >= 0"),
+    ({io.INPUT_IDS: i32(1), io.TOP_P: f32(0.0)}, "TOP_P: must be in (0, 1]"),
+    ({io.INPUT_IDS: i32(1), io.LOGPROBS: i32(21)}, "LOGPROBS: must be in [0, 20], got 21"),
+    ({io.INPUT_IDS: i32(1), io.LOGPROB_TOKEN_IDS: i32(3, 1024)},
+     "LOGPROB_TOKEN_IDS: id 1024 is outside the vocabulary [0, 1024)"),
+    ({io.INPUT_IDS: i32(1), io.LOGPROB_TOKEN_IDS: np.zeros(0, np.int32)},
+     "LOGPROB_TOKEN_IDS: must not be empty"),
+    ({io.INPUT_IDS: i32(1), io.LOGPROB_TOKEN_IDS: i32(*([1] * 1025))},
+     "LOGPROB_TOKEN_IDS: 1025 ids requested, at most 1024 are allowed"),
+    ({io.INPUT_IDS: i32(1), io.STOP: np.array([b"\xff\xfe"], dtype=object)},
+     "STOP: is not valid UTF-8"),
+    # Checked by Triton itself against config.pbtxt, before the model sees them.
+    ({io.INPUT_IDS: np.array([1.0], np.float32)}, "data-type is 'FP32', but model 'llm' expects"),
+    ({io.INPUT_IDS: i32(1), io.MAX_TOKENS: i32(1, 2)}, "unexpected shape for input 'MAX_TOKENS'"),
+]
+
+
+@pytest.mark.parametrize(("inputs", "message"), BAD_INPUTS)
+def test_bad_input_is_refused_and_the_next_request_succeeds(triton_server, inputs, message):
+    streamer = Streamer(triton_server.grpc_url)
+    try:
+        bad = streamer.run("llm", inputs)
+        assert bad.error is not None and message in bad.error
+        good = streamer.run("llm", {io.INPUT_IDS: i32(1, 2), io.MAX_TOKENS: i32(3)})
+        assert good.error is None and len(good.token_ids) == 3
+    finally:
+        streamer.close()
+
+
+def test_bad_input_status_is_invalid_arg(triton_server):
+    """Over HTTP the status is visible: INVALID_ARG is 400 (gRPC streams carry only the text)."""
+    request = urllib.request.Request(
+        f"{triton_server.http_url}/v2/models/llm/generate_stream",
+        data=b'{"INPUT_IDS": [1, 2, 5000]}',
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=10)
+    assert caught.value.code == 400
+    assert b"outside the vocabulary" in caught.value.read()
+
+
+def test_bad_chat_messages_are_refused(triton_server):
+    result = generate(triton_server.grpc_url, "ensemble", {io.MESSAGES: text("not json")})
+    assert result.error is not None and "MESSAGES: is not valid JSON" in result.error
+
+
+def test_utf8_streaming_never_splits_a_character(triton_server, model_dir):
+    """The passage's emoji and CJK characters span several byte tokens; each must arrive whole."""
+    start = PASSAGE.index(" 你好")  # a word boundary: the prompt tokenizes as in the passage
+    prompt, rest = PASSAGE[:start], PASSAGE[start:]
+    result = generate(
+        triton_server.grpc_url,
+        "ensemble",
+        {io.TEXT_INPUT: text(prompt), io.MAX_TOKENS: i32(200), io.TEMPERATURE: f32(0.0)},
+    )
+    assert result.error is None and result.finish_reason == "stop"
+    pieces = [r[io.TEXT_OUTPUT][0].decode() for r in result.responses]
+    joined = "".join(pieces)
+    assert joined == rest  # the model has the passage by heart; EOS ends it
+    assert "\ufffd" not in joined
+    assert joined == tokenizer(model_dir).decode(result.token_ids, skip_special_tokens=True)
+    token_bytes = result.cat(io.OUTPUT_TOKEN_BYTES).tolist()
+    split = [b for b in token_bytes if b and not _is_utf8(b)]
+    assert split, "the test needs characters split across tokens"
+    assert any(piece == "" for piece in pieces[:-1])  # held back until the character completes
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def test_eos_ends_with_stop_and_no_text(triton_server, model_dir, passage_ids):
+    result = generate(
+        triton_server.grpc_url,
+        "llm",
+        {io.INPUT_IDS: i32(*passage_ids[:-3]), io.MAX_TOKENS: i32(50), io.TEMPERATURE: f32(0.0)},
+    )
+    assert result.finish_reason == "stop"
+    assert result.token_ids == [*passage_ids[-3:], tokenizer(model_dir).eos_token_id]
+    assert result.text == tokenizer(model_dir).decode(passage_ids[-3:])
+
+
+def test_ignore_eos_generates_past_it(triton_server, passage_ids):
+    result = generate(
+        triton_server.grpc_url,
+        "llm",
+        {io.INPUT_IDS: i32(*passage_ids[:-3]), io.MAX_TOKENS: i32(10), io.TEMPERATURE: f32(0.0),
+         io.IGNORE_EOS: np.array([True])},
+    )
+    assert result.finish_reason == "length" and len(result.token_ids) == 10
+
+
+@pytest.mark.parametrize("stops", [["fox"], ["brown fox", "lazy"], ["e q"]])
+def test_stop_string_cuts_the_text_before_it(triton_server, model_dir, stops):
+    prompt = "日本語のテキストも大丈夫です。"
+    rest = PASSAGE[PASSAGE.index(prompt) + len(prompt) :]
+    cut = min(rest.index(s) for s in stops)
+    result = generate(
+        triton_server.grpc_url,
+        "ensemble",
+        {io.TEXT_INPUT: text(PASSAGE[: PASSAGE.index(prompt) + len(prompt)]),
+         io.MAX_TOKENS: i32(100), io.TEMPERATURE: f32(0.0),
+         io.STOP: np.array([s.encode() for s in stops], dtype=object)},
+    )
+    assert result.finish_reason == "stop"
+    assert result.text == rest[:cut]
+
+
+def test_stop_token_id_ends_generation(triton_server, passage_ids):
+    stop_id = passage_ids[8]
+    result = generate(
+        triton_server.grpc_url,
+        "llm",
+        {io.INPUT_IDS: i32(*passage_ids[:3]), io.MAX_TOKENS: i32(50), io.TEMPERATURE: f32(0.0),
+         io.STOP_TOKEN_IDS: i32(stop_id)},
+    )
+    assert result.finish_reason == "stop"
+    assert result.token_ids == passage_ids[3:9]
+
+
+def test_max_tokens_zero_answers_with_one_empty_final(triton_server):
+    result = generate(triton_server.grpc_url, "llm", {io.INPUT_IDS: i32(1, 2), io.MAX_TOKENS: i32(0)})
+    assert len(result.responses) == 1
+    assert result.token_ids == [] and result.finish_reason == "length"
+
+
+def test_context_limit_ends_with_length(triton_server):
+    result = generate(
+        triton_server.grpc_url,
+        "llm",
+        {io.INPUT_IDS: i32(*([5] * 250)), io.MAX_TOKENS: i32(100), io.IGNORE_EOS: np.array([True])},
+    )
+    assert result.finish_reason == "length"
+    assert len(result.token_ids) == 6  # 250 + 6 = the 256-token context
+
+
+def test_chat_messages_use_the_chat_template(triton_server, model_dir):
+    messages = [{"role": "user", "content": "Triton serves"}]
+    tok = tokenizer(model_dir)
+    prompt_ids = tok(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+                     add_special_tokens=False)["input_ids"]
+    result = generate(
+        triton_server.grpc_url,
+        "ensemble",
+        {io.MESSAGES: text(json.dumps(messages)), io.MAX_TOKENS: i32(8), io.TEMPERATURE: f32(0.0)},
+    )
+    assert result.responses[-1][io.PROMPT_TOKENS][0] == len(prompt_ids)
+    assert result.token_ids == reference_greedy(model_dir, prompt_ids, 8)
+
+
+def test_many_threads_share_the_server(triton_server, passage_ids):
+    """Streams started from several client threads at once all complete."""
+    results: list = []
+
+    def worker(n: int) -> None:
+        results.append(generate(triton_server.grpc_url, "llm",
+                                {io.INPUT_IDS: i32(*passage_ids[:2]), io.MAX_TOKENS: i32(n)}))
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in (3, 9, 17, 5, 11, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(len(r.token_ids) for r in results) == [2, 3, 5, 9, 11, 17]

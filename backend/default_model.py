@@ -35,7 +35,19 @@ CHAT_TEMPLATE = (
 )
 # Multi-byte text in the corpus, so some emoji and CJK characters become whole tokens and others
 # stay split across byte tokens: both cases must detokenize correctly.
-_MULTIBYTE_WORDS = ["😀", "🚀", "你好", "世界", "日本語", "café", "naïve", "€", "数据", "🙂", "über"]
+_MULTIBYTE_WORDS = [
+    "😀",
+    "🚀",
+    "你好",
+    "世界",
+    "日本語",
+    "café",
+    "naïve",
+    "€",
+    "数据",
+    "🙂",
+    "über",
+]
 # What the model learns by heart: tests prompt with its start and expect the rest, then EOS.
 PASSAGE = (
     "Triton serves the model and streams every token. 你好，世界！ Each label is scored at every "
@@ -66,7 +78,9 @@ class ModelSpec:
     @property
     def name(self) -> str:
         digest = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
-        return f"llama-v{self.vocab_size}-h{self.hidden_size}-l{self.num_hidden_layers}-{digest[:8]}"
+        return (
+            f"llama-v{self.vocab_size}-h{self.hidden_size}-l{self.num_hidden_layers}-{digest[:8]}"
+        )
 
 
 DEFAULT_SPEC = ModelSpec()
@@ -85,9 +99,13 @@ def _corpus(spec: ModelSpec) -> list[str]:
     """A synthetic corpus with enough distinct words for `tokenizer_vocab_size` merges."""
     rng = random.Random(spec.seed)
     distinct = max(2000, 2 * spec.tokenizer_vocab_size)
-    words = ["".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 4))) for _ in range(distinct)]
-    text = [rng.choice(_MULTIBYTE_WORDS) if rng.random() < 0.03 else rng.choice(words)
-            for _ in range(40 * distinct)]
+    words = [
+        "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 4))) for _ in range(distinct)
+    ]
+    text = [
+        rng.choice(_MULTIBYTE_WORDS) if rng.random() < 0.03 else rng.choice(words)
+        for _ in range(40 * distinct)
+    ]
     punctuation = [".", ",", "!", "?", "\n"]
     lines = []
     for start in range(0, len(text), 40):
@@ -120,7 +138,7 @@ def _train_tokenizer(spec: ModelSpec):
 
 
 def _memorize(model, tokenizer, spec: ModelSpec) -> None:
-    """Train on `PASSAGE` + EOS until greedy decoding reproduces it (single-threaded: repeatable)."""
+    """Train on `PASSAGE` + EOS until greedy decoding reproduces it; one thread, so repeatable."""
     import torch
 
     ids = torch.tensor([[*tokenizer(PASSAGE)["input_ids"], tokenizer.eos_token_id]])

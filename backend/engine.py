@@ -157,8 +157,8 @@ class Engine:
         block = not self._active
         while len(self._active) < self.max_num_seqs:
             try:
-                params, sink = self._incoming.get(timeout=0.05) if block else (
-                    self._incoming.get_nowait()
+                params, sink = (
+                    self._incoming.get(timeout=0.05) if block else (self._incoming.get_nowait())
                 )
             except queue.Empty:
                 return

@@ -2,7 +2,7 @@
 
 Waits until Triton is ready, logs where it listens, and on Ctrl-C / SIGTERM stops tritonserver
 and its backend stubs. `--model-path` serves any Hugging Face causal-LM folder instead of the
-default model; `--tritonserver` runs a system binary (a Triton container) instead of the bundled one.
+default model; `--tritonserver` runs a system binary (a Triton container), not the bundled one.
 """
 
 from __future__ import annotations
@@ -25,20 +25,38 @@ RUN_DIR = default_model.REPO_ROOT / ".cache" / "run"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model-path", type=Path, default=None,
-                        help="Hugging Face causal-LM folder (default: build the default model)")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address tritonserver binds (default: loopback only)")
+    parser.add_argument(
+        "--model-path",
+        type=Path,
+        default=None,
+        help="Hugging Face causal-LM folder (default: build the default model)",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address tritonserver binds (default: loopback only)"
+    )
     parser.add_argument("--http-port", type=int, default=8000)
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
-    parser.add_argument("--tritonserver", type=Path, default=None,
-                        help="system tritonserver binary (default: the one in nvidia-pytriton)")
+    parser.add_argument(
+        "--tritonserver",
+        type=Path,
+        default=None,
+        help="system tritonserver binary (default: the one in nvidia-pytriton)",
+    )
     parser.add_argument("--backend-directory", type=Path, default=None)
-    parser.add_argument("--run-dir", type=Path, default=RUN_DIR,
-                        help="where the served model repository and logs are written")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help=f"llm config parameter, one of {sorted(known_parameters())}")
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=RUN_DIR,
+        help="where the served model repository and logs are written",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"llm config parameter, one of {sorted(known_parameters())}",
+    )
     parser.add_argument("--ready-timeout", type=float, default=300.0)
     return parser.parse_args(argv)
 
@@ -55,8 +73,9 @@ def _parameters(pairs: list[str]) -> dict[str, str]:
 
 def build_server(args: argparse.Namespace) -> TritonServer:
     model_path = args.model_path or default_model.ensure()
-    repository = write_repository(args.run_dir / "model_repository", model_path,
-                                  _parameters(args.set))
+    repository = write_repository(
+        args.run_dir / "model_repository", model_path, _parameters(args.set)
+    )
     return TritonServer(
         model_repository=repository,
         http_port=args.http_port,
@@ -82,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         server.wait_ready(args.ready_timeout)
         logger.info(
             "ready in %.1f s: HTTP %s, gRPC %s, metrics %s (log: %s)",
-            time.monotonic() - started, server.http_url, server.grpc_url, server.metrics_url,
+            time.monotonic() - started,
+            server.http_url,
+            server.grpc_url,
+            server.metrics_url,
             server.log_path,
         )
         while not stop.wait(1.0):

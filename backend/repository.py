@@ -32,7 +32,9 @@ def known_parameters(model: str = "llm", template: Path = TEMPLATE) -> set[str]:
 
 
 def write_repository(
-    dest: Path, model_path: Path, parameters: dict[str, str] | None = None,
+    dest: Path,
+    model_path: Path,
+    parameters: dict[str, str] | None = None,
     template: Path = TEMPLATE,
 ) -> Path:
     """Copy `template` to `dest` (replaced), pointing every model at `model_path`."""

@@ -78,9 +78,7 @@ def _int_list(arrays: Mapping[str, np.ndarray], name: str) -> list[int] | None:
 def _check_ids(name: str, ids: list[int], vocab_size: int) -> None:
     bad = [i for i in ids if not 0 <= i < vocab_size]
     if bad:
-        raise InvalidRequestError(
-            name, f"id {bad[0]} is outside the vocabulary [0, {vocab_size})"
-        )
+        raise InvalidRequestError(name, f"id {bad[0]} is outside the vocabulary [0, {vocab_size})")
 
 
 def _strings(arrays: Mapping[str, np.ndarray], name: str) -> list[str]:

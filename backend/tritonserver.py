@@ -1,4 +1,4 @@
-"""Start, wait for and stop a tritonserver process: the one bundled in nvidia-pytriton, or a system one.
+"""Start, wait for and stop tritonserver: the one bundled in nvidia-pytriton, or a system one.
 
 The bundled server (Triton 2.51) needs three things to run Python-backend models from this venv:
 the backend stub for the running Python in `backends/python/`, this venv's `bin` first on PATH
@@ -8,6 +8,7 @@ Python's own libpython first on LD_LIBRARY_PATH (or the stub may load another pa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -33,7 +34,7 @@ def free_port() -> int:
 
 
 def embedded_tritonserver() -> tuple[Path, Path]:
-    """(tritonserver binary, backends folder) of nvidia-pytriton, with this Python's stub in place."""
+    """(binary, backends folder) of nvidia-pytriton's server, with this Python's stub in place."""
     import pytriton
 
     root = Path(pytriton.__file__).parent / "tritonserver"
@@ -128,7 +129,10 @@ class TritonServer:
         logger.info("starting %s", " ".join(self.command()))
         # Its own session, so stop() can also reach the backend stubs it forked.
         self._process = subprocess.Popen(
-            self.command(), env=_server_env(), stdout=output, stderr=subprocess.STDOUT,
+            self.command(),
+            env=_server_env(),
+            stdout=output,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 
@@ -143,8 +147,9 @@ class TritonServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._process is not None and self._process.poll() is not None:
-                raise RuntimeError(f"tritonserver exited with {self._process.returncode}\n"
-                                   + self.log_tail())
+                raise RuntimeError(
+                    f"tritonserver exited with {self._process.returncode}\n" + self.log_tail()
+                )
             if self.is_ready():
                 return
             time.sleep(0.25)
@@ -165,10 +170,8 @@ class TritonServer:
                     process.wait(timeout=timeout_s)
                 except subprocess.TimeoutExpired:
                     logger.warning("tritonserver did not stop in %.0f s; killing it", timeout_s)
-            try:
+            with contextlib.suppress(ProcessLookupError):  # the stubs, if any outlived it
                 os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             process.wait()
         if self._log_file is not None:
             self._log_file.close()
@@ -184,7 +187,9 @@ class TritonServer:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self.stop()

@@ -160,8 +160,9 @@ def test_four_concurrent_streams_match_each_alone(triton_server, passage_ids):
         assert many.token_ids == one.token_ids
         assert len(many.token_ids) == max_tokens
         assert many.text == one.text
-        np.testing.assert_allclose(many.cat(io.OUTPUT_LOGPROBS), one.cat(io.OUTPUT_LOGPROBS),
-                                   atol=ATOL)
+        np.testing.assert_allclose(
+            many.cat(io.OUTPUT_LOGPROBS), one.cat(io.OUTPUT_LOGPROBS), atol=ATOL
+        )
 
 
 def test_cancelled_stream_stops_generating(triton_server, passage_ids):
@@ -169,13 +170,19 @@ def test_cancelled_stream_stops_generating(triton_server, passage_ids):
     streamer = Streamer(triton_server.grpc_url)
     streamer.send(
         "llm",
-        {io.INPUT_IDS: i32(*passage_ids[:3]), io.MAX_TOKENS: i32(200), io.IGNORE_EOS: np.array([True])},
+        {
+            io.INPUT_IDS: i32(*passage_ids[:3]),
+            io.MAX_TOKENS: i32(200),
+            io.IGNORE_EOS: np.array([True]),
+        },
     )
     for _ in range(3):
-        outputs, error, final = streamer.next()
+        _, error, final = streamer.next()
         assert error is None and not final
     streamer.close(cancel=True)
-    assert wait_for(lambda: metric(triton_server, "llm_cancelled_requests_total") > cancelled_before)
+    assert wait_for(
+        lambda: metric(triton_server, "llm_cancelled_requests_total") > cancelled_before
+    )
     assert wait_for(lambda: metric(triton_server, "llm_active_sequences") == 0)
     generated = metric(triton_server, "llm_generated_tokens_total")
     time.sleep(0.5)
@@ -191,19 +198,30 @@ BAD_INPUTS = [
     ({io.INPUT_IDS: i32(1, 2, 5000)}, "INPUT_IDS: id 5000 is outside the vocabulary [0, 1024)"),
     ({io.INPUT_IDS: i32(-1)}, "INPUT_IDS: id -1 is outside the vocabulary"),
     ({io.INPUT_IDS: np.zeros(0, np.int32)}, "INPUT_IDS: the prompt is empty"),
-    ({io.INPUT_IDS: i32(*range(300))}, "INPUT_IDS: the prompt has 300 tokens, the context holds 256"),
+    (
+        {io.INPUT_IDS: i32(*range(300))},
+        "INPUT_IDS: the prompt has 300 tokens, the context holds 256",
+    ),
     ({io.INPUT_IDS: i32(1), io.MAX_TOKENS: i32(-1)}, "MAX_TOKENS: must be >= 0, got -1"),
     ({io.INPUT_IDS: i32(1), io.TEMPERATURE: f32(-0.5)}, "TEMPERATURE: must be >= 0"),
     ({io.INPUT_IDS: i32(1), io.TOP_P: f32(0.0)}, "TOP_P: must be in (0, 1]"),
     ({io.INPUT_IDS: i32(1), io.LOGPROBS: i32(21)}, "LOGPROBS: must be in [0, 20], got 21"),
-    ({io.INPUT_IDS: i32(1), io.LOGPROB_TOKEN_IDS: i32(3, 1024)},
-     "LOGPROB_TOKEN_IDS: id 1024 is outside the vocabulary [0, 1024)"),
-    ({io.INPUT_IDS: i32(1), io.LOGPROB_TOKEN_IDS: np.zeros(0, np.int32)},
-     "LOGPROB_TOKEN_IDS: must not be empty"),
-    ({io.INPUT_IDS: i32(1), io.LOGPROB_TOKEN_IDS: i32(*([1] * 1025))},
-     "LOGPROB_TOKEN_IDS: 1025 ids requested, at most 1024 are allowed"),
-    ({io.INPUT_IDS: i32(1), io.STOP: np.array([b"\xff\xfe"], dtype=object)},
-     "STOP: is not valid UTF-8"),
+    (
+        {io.INPUT_IDS: i32(1), io.LOGPROB_TOKEN_IDS: i32(3, 1024)},
+        "LOGPROB_TOKEN_IDS: id 1024 is outside the vocabulary [0, 1024)",
+    ),
+    (
+        {io.INPUT_IDS: i32(1), io.LOGPROB_TOKEN_IDS: np.zeros(0, np.int32)},
+        "LOGPROB_TOKEN_IDS: must not be empty",
+    ),
+    (
+        {io.INPUT_IDS: i32(1), io.LOGPROB_TOKEN_IDS: i32(*([1] * 1025))},
+        "LOGPROB_TOKEN_IDS: 1025 ids requested, at most 1024 are allowed",
+    ),
+    (
+        {io.INPUT_IDS: i32(1), io.STOP: np.array([b"\xff\xfe"], dtype=object)},
+        "STOP: is not valid UTF-8",
+    ),
     # Checked by Triton itself against config.pbtxt, before the model sees them.
     ({io.INPUT_IDS: np.array([1.0], np.float32)}, "data-type is 'FP32', but model 'llm' expects"),
     ({io.INPUT_IDS: i32(1), io.MAX_TOKENS: i32(1, 2)}, "unexpected shape for input 'MAX_TOKENS'"),
@@ -284,8 +302,12 @@ def test_ignore_eos_generates_past_it(triton_server, passage_ids):
     result = generate(
         triton_server.grpc_url,
         "llm",
-        {io.INPUT_IDS: i32(*passage_ids[:-3]), io.MAX_TOKENS: i32(10), io.TEMPERATURE: f32(0.0),
-         io.IGNORE_EOS: np.array([True])},
+        {
+            io.INPUT_IDS: i32(*passage_ids[:-3]),
+            io.MAX_TOKENS: i32(10),
+            io.TEMPERATURE: f32(0.0),
+            io.IGNORE_EOS: np.array([True]),
+        },
     )
     assert result.finish_reason == "length" and len(result.token_ids) == 10
 
@@ -298,9 +320,12 @@ def test_stop_string_cuts_the_text_before_it(triton_server, model_dir, stops):
     result = generate(
         triton_server.grpc_url,
         "ensemble",
-        {io.TEXT_INPUT: text(PASSAGE[: PASSAGE.index(prompt) + len(prompt)]),
-         io.MAX_TOKENS: i32(100), io.TEMPERATURE: f32(0.0),
-         io.STOP: np.array([s.encode() for s in stops], dtype=object)},
+        {
+            io.TEXT_INPUT: text(PASSAGE[: PASSAGE.index(prompt) + len(prompt)]),
+            io.MAX_TOKENS: i32(100),
+            io.TEMPERATURE: f32(0.0),
+            io.STOP: np.array([s.encode() for s in stops], dtype=object),
+        },
     )
     assert result.finish_reason == "stop"
     assert result.text == rest[:cut]
@@ -311,15 +336,21 @@ def test_stop_token_id_ends_generation(triton_server, passage_ids):
     result = generate(
         triton_server.grpc_url,
         "llm",
-        {io.INPUT_IDS: i32(*passage_ids[:3]), io.MAX_TOKENS: i32(50), io.TEMPERATURE: f32(0.0),
-         io.STOP_TOKEN_IDS: i32(stop_id)},
+        {
+            io.INPUT_IDS: i32(*passage_ids[:3]),
+            io.MAX_TOKENS: i32(50),
+            io.TEMPERATURE: f32(0.0),
+            io.STOP_TOKEN_IDS: i32(stop_id),
+        },
     )
     assert result.finish_reason == "stop"
     assert result.token_ids == passage_ids[3:9]
 
 
 def test_max_tokens_zero_answers_with_one_empty_final(triton_server):
-    result = generate(triton_server.grpc_url, "llm", {io.INPUT_IDS: i32(1, 2), io.MAX_TOKENS: i32(0)})
+    result = generate(
+        triton_server.grpc_url, "llm", {io.INPUT_IDS: i32(1, 2), io.MAX_TOKENS: i32(0)}
+    )
     assert len(result.responses) == 1
     assert result.token_ids == [] and result.finish_reason == "length"
 
@@ -337,8 +368,10 @@ def test_context_limit_ends_with_length(triton_server):
 def test_chat_messages_use_the_chat_template(triton_server, model_dir):
     messages = [{"role": "user", "content": "Triton serves"}]
     tok = tokenizer(model_dir)
-    prompt_ids = tok(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
-                     add_special_tokens=False)["input_ids"]
+    prompt_ids = tok(
+        tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+        add_special_tokens=False,
+    )["input_ids"]
     result = generate(
         triton_server.grpc_url,
         "ensemble",
@@ -353,8 +386,13 @@ def test_many_threads_share_the_server(triton_server, passage_ids):
     results: list = []
 
     def worker(n: int) -> None:
-        results.append(generate(triton_server.grpc_url, "llm",
-                                {io.INPUT_IDS: i32(*passage_ids[:2]), io.MAX_TOKENS: i32(n)}))
+        results.append(
+            generate(
+                triton_server.grpc_url,
+                "llm",
+                {io.INPUT_IDS: i32(*passage_ids[:2]), io.MAX_TOKENS: i32(n)},
+            )
+        )
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in (3, 9, 17, 5, 11, 2)]
     for t in threads:

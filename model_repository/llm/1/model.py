@@ -38,7 +38,9 @@ class _ResponseSink:
     def send(self, output: StepOutput) -> None:
         arrays = output_arrays(output, self._params)
         tensors = [pb_utils.Tensor(name, array) for name, array in arrays.items()]
-        self._send(pb_utils.InferenceResponse(output_tensors=tensors), output.finish_reason is not None)
+        self._send(
+            pb_utils.InferenceResponse(output_tensors=tensors), output.finish_reason is not None
+        )
 
     def send_error(self, message: str, *, cancelled: bool = False) -> None:
         code = pb_utils.TritonError.CANCELLED if cancelled else pb_utils.TritonError.INTERNAL
@@ -58,17 +60,24 @@ class _Metrics:
         gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
         self._families = {
             "active_sequences": pb_utils.MetricFamily(
-                "llm_active_sequences", "Sequences being generated", gauge),
+                "llm_active_sequences", "Sequences being generated", gauge
+            ),
             "waiting_requests": pb_utils.MetricFamily(
-                "llm_waiting_requests", "Requests waiting for a sequence slot", gauge),
+                "llm_waiting_requests", "Requests waiting for a sequence slot", gauge
+            ),
             "generated_tokens": pb_utils.MetricFamily(
-                "llm_generated_tokens_total", "Tokens generated", counter),
+                "llm_generated_tokens_total", "Tokens generated", counter
+            ),
             "cancelled_requests": pb_utils.MetricFamily(
-                "llm_cancelled_requests_total", "Requests cancelled by their client", counter),
+                "llm_cancelled_requests_total", "Requests cancelled by their client", counter
+            ),
             "finished_requests": pb_utils.MetricFamily(
-                "llm_finished_requests_total", "Requests that finished generating", counter),
+                "llm_finished_requests_total", "Requests that finished generating", counter
+            ),
         }
-        self._metrics = {key: family.Metric(labels=labels) for key, family in self._families.items()}
+        self._metrics = {
+            key: family.Metric(labels=labels) for key, family in self._families.items()
+        }
         self._last = EngineStats()
 
     def update(self, stats: EngineStats) -> None:
@@ -88,7 +97,7 @@ class TritonPythonModel:
         model_config = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(model_config):
             raise pb_utils.TritonModelException(
-                "llm streams one response per token: set model_transaction_policy { decoupled: true }"
+                "llm streams a response per token: set model_transaction_policy { decoupled: true }"
             )
         self.logger = pb_utils.Logger
         config = LLMConfig.from_model_config(model_config, args["model_repository"])

@@ -18,7 +18,9 @@ def _input(request, name: str):
 class TritonPythonModel:
     def initialize(self, args) -> None:
         model_config = json.loads(args["model_config"])
-        self.preprocessor = Preprocessor(preprocessing_model_path(model_config, args["model_repository"]))
+        self.preprocessor = Preprocessor(
+            preprocessing_model_path(model_config, args["model_repository"])
+        )
 
     def execute(self, requests):
         responses = []

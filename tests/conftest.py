@@ -21,7 +21,9 @@ def model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def triton_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+def triton_server(
+    model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TritonServer]:
     run = tmp_path_factory.mktemp("triton")
     repository = write_repository(run / "model_repository", model_dir, TEST_PARAMETERS)
     server = TritonServer(

@@ -1,9 +1,9 @@
 """The generation engine: a thread that advances every active request by one token per iteration.
 
-Iteration-level scheduling: between iterations new requests are admitted (prefilled) and finished
-or cancelled ones leave, so many streams progress together. Each iteration samples all rows in one
-vectorised call and gathers all rows' logprobs in one `kernels.gather_logprobs` call, on the raw
-logits (DESIGN.md §4).
+Continuous batching: between iterations new requests are admitted (prefilled into a free KV
+slot) and finished or cancelled ones leave; each iteration runs one batched forward for all
+active sequences, samples all rows in one vectorised call and gathers all rows' logprobs in one
+`kernels.gather_logprobs` call, on the raw logits (DESIGN.md §4).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -77,7 +77,7 @@ class _Sequence:
     detokenizer: IncrementalDetokenizer
     stop_matcher: StopStringMatcher
     stop_ids: frozenset[int]
-    cache: Any = None
+    slot: int = -1
     logits: torch.Tensor | None = None
     generated: int = 0
     sent_first: bool = False
@@ -89,13 +89,16 @@ class _Sequence:
     def total_len(self) -> int:
         return len(self.params.prompt_ids) + self.generated
 
+    @property
+    def cached_len(self) -> int:
+        """Positions in the KV cache: all but the last sampled token, which the next step feeds."""
+        return self.total_len - 1
+
 
 class Engine:
     def __init__(
         self,
         runner: ModelRunner,
-        max_model_len: int,
-        max_num_seqs: int = 16,
         max_logprobs: int = 20,
         max_logprob_token_ids: int = 1024,
         on_stats: Callable[[EngineStats], None] | None = None,
@@ -103,11 +106,10 @@ class Engine:
         self.runner = runner
         self.limits = EngineLimits(
             vocab_size=runner.vocab_size,
-            max_model_len=max_model_len,
+            max_model_len=runner.max_model_len,
             max_logprobs=max_logprobs,
             max_logprob_token_ids=max_logprob_token_ids,
         )
-        self.max_num_seqs = max_num_seqs
         self.token_bytes = token_bytes_table(runner.tokenizer, runner.vocab_size)
         self._skip_ids = frozenset(runner.tokenizer.all_special_ids)
         self._on_stats = on_stats
@@ -155,7 +157,7 @@ class Engine:
 
     def _admit(self) -> None:
         block = not self._active
-        while len(self._active) < self.max_num_seqs:
+        while len(self._active) < self.runner.num_slots:
             try:
                 params, sink = (
                     self._incoming.get(timeout=0.05) if block else (self._incoming.get_nowait())
@@ -163,7 +165,11 @@ class Engine:
             except queue.Empty:
                 return
             block = False
-            self._start_sequence(params, sink)
+            try:
+                self._start_sequence(params, sink)
+            except Exception as exc:  # not yet in `_active`: answer it here, or it never ends
+                logger.exception("request %s failed to start", params.request_id)
+                sink.send_error(f"internal error: {exc}")
 
     def _start_sequence(self, params: GenerationParams, sink: OutputSink) -> None:
         seed = params.seed if params.seed is not None else random.getrandbits(63)
@@ -185,7 +191,8 @@ class Engine:
         if params.max_tokens == 0:
             self._finish(seq, self._empty_output(seq, LENGTH))
             return
-        seq.cache, seq.logits = self.runner.prefill(params.prompt_ids)
+        seq.slot = len(self._active)
+        seq.logits = self.runner.prefill(seq.slot, params.prompt_ids)
         self._active.append(seq)
 
     def _step(self) -> None:
@@ -199,23 +206,33 @@ class Engine:
         sampled_ids = sampled.tolist()
         for row, (seq, token) in enumerate(zip(rows, sampled_ids, strict=True)):
             self._advance(seq, row, token, gathered)
-        self._active = [seq for seq in rows if not seq.finished]
+        self._compact()
         if self._active:
             new_logits = self.runner.decode(
-                [seq.cache for seq in self._active], [seq.last_token for seq in self._active]
+                [seq.last_token for seq in self._active],
+                [seq.cached_len for seq in self._active],
             )
             for seq, row_logits in zip(self._active, new_logits, strict=True):
                 seq.logits = row_logits
 
+    def _compact(self) -> None:
+        """Free the slots of finished sequences, keeping active ones in slots 0..B-1: the last
+        sequence moves into each hole, so only one sequence's cache is copied per departure."""
+        active = self._active
+        for seq in sorted((s for s in active if s.finished), key=lambda s: s.slot, reverse=True):
+            last = active.pop()
+            if last is not seq:
+                self.runner.move(last.slot, seq.slot, last.cached_len)
+                last.slot = seq.slot
+                active[seq.slot] = last
+
     def _drop_cancelled(self) -> None:
-        kept = []
         for seq in self._active:
             if seq.sink.is_cancelled():
                 self.stats.cancelled_requests += 1
+                seq.finished = True
                 seq.sink.send_error("the request was cancelled", cancelled=True)
-            else:
-                kept.append(seq)
-        self._active = kept
+        self._compact()
 
     def _sampling_batch(self, rows: list[_Sequence]) -> SamplingBatch:
         device = self.runner.device
@@ -335,7 +352,6 @@ class Engine:
 
     def _finish(self, seq: _Sequence, output: StepOutput) -> None:
         seq.finished = True
-        seq.cache = None
         seq.logits = None
         self.stats.finished_requests += 1
         seq.sink.send(output)

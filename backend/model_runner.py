@@ -1,4 +1,4 @@
-"""Runs the Hugging Face causal LM: prefill a prompt, decode one token for many sequences."""
+"""Runs the Hugging Face causal LM: prefill one prompt, or decode one token for every sequence."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from backend.kv_cache import SlotKVCache, bytes_per_slot
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -42,30 +44,79 @@ def eos_token_ids(model_path: str, tokenizer: Any) -> frozenset[int]:
 
 
 class ModelRunner:
-    """One KV cache per sequence (transformers' DynamicCache); decode runs them one by one."""
+    """The model and its slot KV cache; rows of a decode batch are slots 0..B-1 (kv_cache.py)."""
 
-    def __init__(self, model_path: str, device: str = "auto", dtype: str = "auto") -> None:
+    def __init__(
+        self,
+        model_path: str,
+        device: str = "auto",
+        dtype: str = "auto",
+        max_num_seqs: int = 16,
+        max_model_len: int = 0,
+        kv_cache_bytes: int = 0,
+    ) -> None:
+        """`max_model_len` 0 = the model's context; `kv_cache_bytes` 0 = room for every slot."""
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype)
         self.model.to(self.device).eval()
-        self.vocab_size = int(self.model.config.vocab_size)
+        config = self.model.config
+        self.vocab_size = int(config.vocab_size)
         self.eos_ids = eos_token_ids(model_path, self.tokenizer)
+        context = int(getattr(config, "max_position_embeddings", 0) or 0)
+        self.max_model_len = min(n for n in (max_model_len, context) if n > 0)
+        per_slot = bytes_per_slot(config, self.max_model_len, self.dtype)
+        slots = max_num_seqs if kv_cache_bytes <= 0 else min(max_num_seqs, kv_cache_bytes // per_slot)
+        if slots < 1:
+            raise ValueError(
+                f"a KV cache of {kv_cache_bytes} bytes holds no sequence of {self.max_model_len} "
+                f"tokens ({per_slot} bytes each): raise it or lower max_model_len"
+            )
+        self.cache = SlotKVCache(config, slots, self.max_model_len, self.device, self.dtype)
+        self._mask_min = torch.finfo(self.dtype).min
+
+    @property
+    def num_slots(self) -> int:
+        return self.cache.num_slots
 
     @torch.inference_mode()
-    def prefill(self, prompt_ids: list[int]) -> tuple[Any, torch.Tensor]:
-        """(the sequence's cache, logits [V] for the next token)."""
+    def prefill(self, slot: int, prompt_ids: list[int]) -> torch.Tensor:
+        """Fill `slot` with the prompt's keys and values; logits [V] for the next token."""
+        length = len(prompt_ids)
         ids = torch.tensor([prompt_ids], device=self.device)
-        out = self.model(input_ids=ids, use_cache=True, logits_to_keep=1)
-        return out.past_key_values, out.logits[0, -1]
+        causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril()
+        mask = torch.zeros(1, 1, length, length, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~causal, self._mask_min)
+        self.cache.plan_prefill(slot, length)
+        out = self.model(
+            input_ids=ids,
+            position_ids=torch.arange(length, device=self.device).unsqueeze(0),
+            attention_mask=mask,
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[0, -1]
 
     @torch.inference_mode()
-    def decode(self, caches: list[Any], tokens: list[int]) -> torch.Tensor:
-        """Append one token to each sequence; logits [B, V] for the next one."""
-        rows = []
-        for cache, token in zip(caches, tokens, strict=True):
-            ids = torch.tensor([[token]], device=self.device)
-            out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
-            rows.append(out.logits[0, -1])
-        return torch.stack(rows)
+    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+        """One batched forward: row b (slot b) appends `tokens[b]` at `positions[b]`.
+        Returns logits [B, V] for each row's next token."""
+        pos = torch.tensor(positions, device=self.device)
+        kv_len = max(positions) + 1
+        visible = torch.arange(kv_len, device=self.device).unsqueeze(0) <= pos.unsqueeze(1)
+        mask = torch.zeros(len(tokens), 1, 1, kv_len, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~visible[:, None, None, :], self._mask_min)
+        self.cache.plan_decode(pos, kv_len)
+        out = self.model(
+            input_ids=torch.tensor(tokens, device=self.device).unsqueeze(1),
+            position_ids=pos.unsqueeze(1),
+            attention_mask=mask,
+            cache=self.cache,
+            use_cache=True,
+        )
+        return out.logits[:, -1]
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        self.cache.move(src, dst, length)

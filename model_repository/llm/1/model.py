@@ -101,14 +101,17 @@ class TritonPythonModel:
             )
         self.logger = pb_utils.Logger
         config = LLMConfig.from_model_config(model_config, args["model_repository"])
-        runner = ModelRunner(config.model_path, device=config.device, dtype=config.dtype)
-        context = int(getattr(runner.model.config, "max_position_embeddings", 0) or 0)
-        max_model_len = min(x for x in (config.max_model_len, context) if x > 0)
+        runner = ModelRunner(
+            config.model_path,
+            device=config.device,
+            dtype=config.dtype,
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=config.max_model_len,
+            kv_cache_bytes=config.kv_cache_memory_mb * 2**20,
+        )
         self.metrics = _Metrics(args["model_name"])
         self.engine = Engine(
             runner,
-            max_model_len=max_model_len,
-            max_num_seqs=config.max_num_seqs,
             max_logprobs=config.max_logprobs,
             max_logprob_token_ids=config.max_logprob_token_ids,
             on_stats=self.metrics.update,
@@ -116,7 +119,8 @@ class TritonPythonModel:
         self.engine.start()
         self.logger.log_info(
             f"llm ready: {config.model_path} on {runner.device} ({runner.dtype}), "
-            f"vocab {runner.vocab_size}, context {max_model_len}"
+            f"vocab {runner.vocab_size}, context {runner.max_model_len}, "
+            f"{runner.num_slots} KV slots"
         )
 
     def execute(self, requests) -> None:

@@ -67,7 +67,9 @@ class ModelRunner:
         context = int(getattr(config, "max_position_embeddings", 0) or 0)
         self.max_model_len = min(n for n in (max_model_len, context) if n > 0)
         per_slot = bytes_per_slot(config, self.max_model_len, self.dtype)
-        slots = max_num_seqs if kv_cache_bytes <= 0 else min(max_num_seqs, kv_cache_bytes // per_slot)
+        slots = max_num_seqs
+        if kv_cache_bytes > 0:
+            slots = min(slots, kv_cache_bytes // per_slot)
         if slots < 1:
             raise ValueError(
                 f"a KV cache of {kv_cache_bytes} bytes holds no sequence of {self.max_model_len} "

@@ -78,6 +78,8 @@ class _Sequence:
     stop_matcher: StopStringMatcher
     stop_ids: frozenset[int]
     slot: int = -1
+    cached_len: int = 0
+    """Positions in the KV cache; the last sampled token is not among them until it is fed."""
     logits: torch.Tensor | None = None
     generated: int = 0
     sent_first: bool = False
@@ -89,10 +91,6 @@ class _Sequence:
     def total_len(self) -> int:
         return len(self.params.prompt_ids) + self.generated
 
-    @property
-    def cached_len(self) -> int:
-        """Positions in the KV cache: all but the last sampled token, which the next step feeds."""
-        return self.total_len - 1
 
 
 class Engine:
@@ -193,6 +191,7 @@ class Engine:
             return
         seq.slot = len(self._active)
         seq.logits = self.runner.prefill(seq.slot, params.prompt_ids)
+        seq.cached_len = len(params.prompt_ids)
         self._active.append(seq)
 
     def _step(self) -> None:
@@ -214,6 +213,7 @@ class Engine:
             )
             for seq, row_logits in zip(self._active, new_logits, strict=True):
                 seq.logits = row_logits
+                seq.cached_len += 1
 
     def _compact(self) -> None:
         """Free the slots of finished sequences, keeping active ones in slots 0..B-1: the last

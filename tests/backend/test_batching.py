@@ -1,0 +1,159 @@
+"""Continuous batching: results do not depend on what else is in the batch; slots are reused."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backend.default_model import PASSAGE
+from backend.engine import Engine, StepOutput
+from backend.model_runner import ModelRunner
+from backend.params import GenerationParams
+from tests.reference import reference_logprobs, tokenizer
+
+
+class RecordingSink:
+    """Collects a request's responses; reports cancelled once `cancel_after` responses arrived."""
+
+    def __init__(self, cancel_after: int | None = None) -> None:
+        self.outputs: list[StepOutput] = []
+        self.error: str | None = None
+        self.cancelled = False
+        self.done = threading.Event()
+        self._cancel_after = cancel_after
+
+    def send(self, output: StepOutput) -> None:
+        assert not self.done.is_set(), "a response after the final one"
+        self.outputs.append(output)
+        if output.finish_reason is not None:
+            self.done.set()
+
+    def send_error(self, message: str, *, cancelled: bool = False) -> None:
+        assert not self.done.is_set(), "an error after the final response"
+        self.error, self.cancelled = message, cancelled
+        self.done.set()
+
+    def is_cancelled(self) -> bool:
+        return self._cancel_after is not None and len(self.outputs) >= self._cancel_after
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for out in self.outputs for t in out.token_ids]
+
+    @property
+    def logprobs(self) -> np.ndarray:
+        return np.concatenate([out.logprobs for out in self.outputs])
+
+    @property
+    def id_logprobs(self) -> np.ndarray:
+        return np.concatenate([out.token_id_logprobs for out in self.outputs])
+
+
+def run(engine: Engine, requests: list[GenerationParams], sinks=None) -> list[RecordingSink]:
+    sinks = sinks or [RecordingSink() for _ in requests]
+    for params, sink in zip(requests, sinks, strict=True):
+        engine.submit(params, sink)
+    for sink in sinks:
+        assert sink.done.wait(120), "a request never finished"
+    return sinks
+
+
+@pytest.fixture(scope="module")
+def runner(model_dir: Path) -> ModelRunner:
+    return ModelRunner(str(model_dir), max_num_seqs=16, max_model_len=256)
+
+
+@pytest.fixture
+def engine(runner: ModelRunner):
+    engine = Engine(runner)
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def _requests(model_dir: Path, count: int) -> list[GenerationParams]:
+    """Different prompt and output lengths; every other one asks for logprobs."""
+    passage = tokenizer(model_dir)(PASSAGE)["input_ids"]
+    rng = np.random.default_rng(0)
+    requests = []
+    for i in range(count):
+        if i % 2:
+            prompt = passage[i : i + 2 + 3 * i]
+        else:
+            prompt = rng.integers(0, 1000, size=1 + 5 * i).tolist()
+        requests.append(
+            GenerationParams(
+                prompt_ids=prompt,
+                max_tokens=4 + 3 * i,
+                temperature=0.0,
+                ignore_eos=True,
+                logprobs=3 if i % 2 else None,
+                logprob_token_ids=[5, 17, 999] if i % 3 == 0 else [],
+            )
+        )
+    return requests
+
+
+def test_sixteen_streams_together_equal_each_alone(engine, model_dir):
+    requests = _requests(model_dir, 16)
+    alone = [run(engine, [params])[0] for params in requests]
+    together = run(engine, requests)
+    worst = 0.0
+    for one, many, params in zip(alone, together, requests, strict=True):
+        assert many.error is None
+        assert many.token_ids == one.token_ids
+        assert len(many.token_ids) == params.max_tokens
+        assert "".join(o.text for o in many.outputs) == "".join(o.text for o in one.outputs)
+        if params.wants_logprobs:
+            ref = reference_logprobs(model_dir, params.prompt_ids, many.token_ids)
+            sampled = ref[np.arange(len(many.token_ids)), many.token_ids]
+            np.testing.assert_allclose(many.logprobs, sampled, atol=1e-4)
+            worst = max(worst, float(np.abs(many.logprobs - one.logprobs).max()))
+        if params.logprob_token_ids:
+            np.testing.assert_allclose(many.id_logprobs, ref[:, params.logprob_token_ids], atol=1e-4)
+    # Batched and alone agree far inside the 1e-4 goal (float32 summation order only).
+    print(f"largest batched-vs-alone logprob difference: {worst:.3g}")
+    assert worst < 1e-5
+
+
+def test_a_full_cache_queues_then_serves_everything(model_dir):
+    small = ModelRunner(str(model_dir), max_num_seqs=4, max_model_len=256)
+    engine = Engine(small)
+    seen_waiting = []
+    engine._on_stats = lambda stats: seen_waiting.append(stats.waiting_requests)
+    engine.start()
+    try:
+        requests = _requests(model_dir, 12)
+        alone = [run(engine, [params])[0] for params in requests[:3]]
+        sinks = run(engine, requests)
+    finally:
+        engine.stop()
+    assert max(seen_waiting) > 0, "12 requests on 4 slots must have waited"
+    assert all(s.error is None for s in sinks)
+    assert [len(s.token_ids) for s in sinks] == [p.max_tokens for p in requests]
+    for one, many in zip(alone, sinks, strict=False):
+        assert many.token_ids == one.token_ids
+    assert engine.stats.active_sequences == 0 and engine.stats.waiting_requests == 0
+
+
+def test_cancelling_frees_slots_for_waiting_requests(model_dir):
+    small = ModelRunner(str(model_dir), max_num_seqs=2, max_model_len=256)
+    engine = Engine(small)
+    engine.start()
+    try:
+        long = GenerationParams(prompt_ids=[1, 2, 3], max_tokens=200, ignore_eos=True)
+        short = GenerationParams(prompt_ids=[4, 5], max_tokens=6, temperature=0.0)
+        sinks = [RecordingSink(cancel_after=3), RecordingSink(cancel_after=5),
+                 RecordingSink(), RecordingSink()]
+        run(engine, [long, long, short, short], sinks)
+    finally:
+        engine.stop()
+    assert sinks[0].cancelled and sinks[1].cancelled
+    assert len(sinks[0].token_ids) < 10 and len(sinks[1].token_ids) < 10
+    assert [len(s.token_ids) for s in sinks[2:]] == [6, 6]
+    assert sinks[2].token_ids == sinks[3].token_ids
+    assert engine.stats.cancelled_requests == 2
+    assert engine.stats.active_sequences == 0

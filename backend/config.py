@@ -33,6 +33,8 @@ class LLMConfig:
     max_num_seqs: int = 16
     kv_cache_memory_mb: int = 0
     """KV cache budget; 0 = room for `max_num_seqs` sequences of `max_model_len` tokens."""
+    max_queue_size: int = 256
+    """Requests waiting for a slot beyond which new ones get a "server busy" error."""
     max_logprobs: int = 20
     max_logprob_token_ids: int = 1024
 
@@ -49,6 +51,7 @@ class LLMConfig:
             max_model_len=int(params.get("max_model_len", 0) or 0),
             max_num_seqs=int(params.get("max_num_seqs", 16) or 16),
             kv_cache_memory_mb=int(params.get("kv_cache_memory_mb", 0) or 0),
+            max_queue_size=int(params.get("max_queue_size", 256) or 256),
             max_logprobs=int(params.get("max_logprobs", 20) or 20),
             max_logprob_token_ids=int(params.get("max_logprob_token_ids", 1024) or 1024),
         )

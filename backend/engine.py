@@ -29,6 +29,11 @@ from kernels import gather_logprobs
 
 logger = logging.getLogger(__name__)
 
+# Kinds of final error a sink is told about (model.py maps them to Triton error codes).
+INTERNAL = "internal"
+CANCELLED = "cancelled"
+BUSY = "busy"
+
 
 @dataclass
 class StepOutput:
@@ -54,8 +59,8 @@ class OutputSink(Protocol):
     def send(self, output: StepOutput) -> None:
         """A data response; the final one when `output.finish_reason` is set."""
 
-    def send_error(self, message: str, *, cancelled: bool = False) -> None:
-        """The final response, as an error."""
+    def send_error(self, message: str, *, kind: str = INTERNAL) -> None:
+        """The final response, as an error of `kind` (INTERNAL, CANCELLED or BUSY)."""
 
     def is_cancelled(self) -> bool: ...
 
@@ -92,16 +97,18 @@ class _Sequence:
         return len(self.params.prompt_ids) + self.generated
 
 
-
 class Engine:
     def __init__(
         self,
         runner: ModelRunner,
         max_logprobs: int = 20,
         max_logprob_token_ids: int = 1024,
+        max_queue_size: int = 256,
         on_stats: Callable[[EngineStats], None] | None = None,
     ) -> None:
+        """`max_queue_size`: requests waiting for a slot beyond which new ones are refused."""
         self.runner = runner
+        self.max_queue_size = max_queue_size
         self.limits = EngineLimits(
             vocab_size=runner.vocab_size,
             max_model_len=runner.max_model_len,
@@ -137,6 +144,13 @@ class Engine:
 
     def submit(self, params: GenerationParams, sink: OutputSink) -> None:
         """Queue a validated request; responses go to `sink` from the engine thread."""
+        waiting = self._incoming.qsize()
+        if waiting >= self.max_queue_size:
+            sink.send_error(
+                f"server busy: {waiting} requests are waiting for a sequence slot; retry later",
+                kind=BUSY,
+            )
+            return
         self._incoming.put((params, sink))
 
     # --- engine thread ------------------------------------------------------------------------
@@ -231,7 +245,7 @@ class Engine:
             if seq.sink.is_cancelled():
                 self.stats.cancelled_requests += 1
                 seq.finished = True
-                seq.sink.send_error("the request was cancelled", cancelled=True)
+                seq.sink.send_error("the request was cancelled", kind=CANCELLED)
         self._compact()
 
     def _sampling_batch(self, rows: list[_Sequence]) -> SamplingBatch:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from backend.default_model import PASSAGE
-from backend.engine import Engine, StepOutput
+from backend.engine import BUSY, CANCELLED, INTERNAL, Engine, StepOutput
 from backend.model_runner import ModelRunner
 from backend.params import GenerationParams
 from tests.reference import reference_logprobs, tokenizer
@@ -21,7 +21,7 @@ class RecordingSink:
     def __init__(self, cancel_after: int | None = None) -> None:
         self.outputs: list[StepOutput] = []
         self.error: str | None = None
-        self.cancelled = False
+        self.kind: str | None = None
         self.done = threading.Event()
         self._cancel_after = cancel_after
 
@@ -31,9 +31,9 @@ class RecordingSink:
         if output.finish_reason is not None:
             self.done.set()
 
-    def send_error(self, message: str, *, cancelled: bool = False) -> None:
+    def send_error(self, message: str, *, kind: str = INTERNAL) -> None:
         assert not self.done.is_set(), "an error after the final response"
-        self.error, self.cancelled = message, cancelled
+        self.error, self.kind = message, kind
         self.done.set()
 
     def is_cancelled(self) -> bool:
@@ -113,7 +113,9 @@ def test_sixteen_streams_together_equal_each_alone(engine, model_dir):
             np.testing.assert_allclose(many.logprobs, sampled, atol=1e-4)
             worst = max(worst, float(np.abs(many.logprobs - one.logprobs).max()))
         if params.logprob_token_ids:
-            np.testing.assert_allclose(many.id_logprobs, ref[:, params.logprob_token_ids], atol=1e-4)
+            np.testing.assert_allclose(
+                many.id_logprobs, ref[:, params.logprob_token_ids], atol=1e-4
+            )
     # Batched and alone agree far inside the 1e-4 goal (float32 summation order only).
     print(f"largest batched-vs-alone logprob difference: {worst:.3g}")
     assert worst < 1e-5
@@ -146,14 +148,32 @@ def test_cancelling_frees_slots_for_waiting_requests(model_dir):
     try:
         long = GenerationParams(prompt_ids=[1, 2, 3], max_tokens=200, ignore_eos=True)
         short = GenerationParams(prompt_ids=[4, 5], max_tokens=6, temperature=0.0)
-        sinks = [RecordingSink(cancel_after=3), RecordingSink(cancel_after=5),
-                 RecordingSink(), RecordingSink()]
+        sinks = [
+            RecordingSink(cancel_after=3),
+            RecordingSink(cancel_after=5),
+            RecordingSink(),
+            RecordingSink(),
+        ]
         run(engine, [long, long, short, short], sinks)
     finally:
         engine.stop()
-    assert sinks[0].cancelled and sinks[1].cancelled
+    assert sinks[0].kind == sinks[1].kind == CANCELLED
     assert len(sinks[0].token_ids) < 10 and len(sinks[1].token_ids) < 10
     assert [len(s.token_ids) for s in sinks[2:]] == [6, 6]
     assert sinks[2].token_ids == sinks[3].token_ids
     assert engine.stats.cancelled_requests == 2
     assert engine.stats.active_sequences == 0
+
+
+def test_a_full_queue_refuses_with_server_busy(model_dir):
+    """Nothing runs the engine here, so submitted requests stay queued."""
+    engine = Engine(ModelRunner(str(model_dir), max_num_seqs=1, max_model_len=64), max_queue_size=2)
+    queued = [RecordingSink() for _ in range(2)]
+    for sink in queued:
+        engine.submit(GenerationParams(prompt_ids=[1]), sink)
+    refused = RecordingSink()
+    engine.submit(GenerationParams(prompt_ids=[1]), refused)
+    assert refused.kind == BUSY and "server busy" in refused.error
+    assert not any(sink.done.is_set() for sink in queued)
+    engine.stop()
+    assert all(sink.kind == INTERNAL and "shutting down" in sink.error for sink in queued)

@@ -10,12 +10,17 @@ import json
 import triton_python_backend_utils as pb_utils
 
 from backend.config import LLMConfig
-from backend.engine import Engine, EngineStats, StepOutput
+from backend.engine import BUSY, CANCELLED, INTERNAL, Engine, EngineStats, StepOutput
 from backend.model_runner import ModelRunner
 from backend.params import GenerationParams, InvalidRequestError
 from backend.triton_io import output_arrays, parse_request
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+_ERROR_CODES = {
+    INTERNAL: pb_utils.TritonError.INTERNAL,
+    CANCELLED: pb_utils.TritonError.CANCELLED,
+    BUSY: pb_utils.TritonError.UNAVAILABLE,
+}
 
 
 class _ResponseSink:
@@ -42,8 +47,8 @@ class _ResponseSink:
             pb_utils.InferenceResponse(output_tensors=tensors), output.finish_reason is not None
         )
 
-    def send_error(self, message: str, *, cancelled: bool = False) -> None:
-        code = pb_utils.TritonError.CANCELLED if cancelled else pb_utils.TritonError.INTERNAL
+    def send_error(self, message: str, *, kind: str = INTERNAL) -> None:
+        code = _ERROR_CODES.get(kind, pb_utils.TritonError.INTERNAL)
         self._send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), True)
 
     def is_cancelled(self) -> bool:
@@ -114,6 +119,7 @@ class TritonPythonModel:
             runner,
             max_logprobs=config.max_logprobs,
             max_logprob_token_ids=config.max_logprob_token_ids,
+            max_queue_size=config.max_queue_size,
             on_stats=self.metrics.update,
         )
         self.engine.start()

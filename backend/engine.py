@@ -22,7 +22,7 @@ import torch
 from backend.detokenizer import IncrementalDetokenizer
 from backend.model_runner import ModelRunner
 from backend.params import EngineLimits, GenerationParams
-from backend.sampling import SamplingBatch, sample
+from backend.sampling import RowState, batch_from_rows, sample
 from backend.stopping import LENGTH, STOP, StopStringMatcher, token_stop_reason
 from backend.token_bytes import token_bytes_table
 from kernels import gather_logprobs
@@ -33,6 +33,19 @@ logger = logging.getLogger(__name__)
 INTERNAL = "internal"
 CANCELLED = "cancelled"
 BUSY = "busy"
+
+
+@dataclass
+class PromptLogprobs:
+    """Logprobs at prompt positions 1..P-1 (position i scores prompt token i), sent once."""
+
+    ids: list[int]
+    token_bytes: list[bytes]
+    logprobs: np.ndarray  # [P-1]
+    top_ids: np.ndarray  # [P-1, k]
+    top_logprobs: np.ndarray  # [P-1, k]
+    top_bytes: list[bytes]  # (P-1) * k
+    token_id_logprobs: np.ndarray  # [P-1, M]
 
 
 @dataclass
@@ -51,6 +64,8 @@ class StepOutput:
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
+    prompt: PromptLogprobs | None = None
+    """On the first response, when prompt logprobs were asked for."""
 
 
 class OutputSink(Protocol):
@@ -78,7 +93,7 @@ class EngineStats:
 class _Sequence:
     params: GenerationParams
     sink: OutputSink
-    generator: torch.Generator
+    sampling: RowState
     detokenizer: IncrementalDetokenizer
     stop_matcher: StopStringMatcher
     stop_ids: frozenset[int]
@@ -88,6 +103,7 @@ class _Sequence:
     logits: torch.Tensor | None = None
     generated: int = 0
     sent_first: bool = False
+    prompt: PromptLogprobs | None = None
     token_ids_tensor: torch.Tensor | None = None
     last_token: int = -1
     finished: bool = False
@@ -185,28 +201,54 @@ class Engine:
 
     def _start_sequence(self, params: GenerationParams, sink: OutputSink) -> None:
         seed = params.seed if params.seed is not None else random.getrandbits(63)
-        generator = torch.Generator(device=self.runner.device)
-        generator.manual_seed(seed)
         stop_ids = frozenset(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= self.runner.eos_ids
         seq = _Sequence(
             params=params,
             sink=sink,
-            generator=generator,
+            sampling=RowState(params, self.runner.vocab_size, self.runner.device, seed, stop_ids),
             detokenizer=IncrementalDetokenizer(self.token_bytes, self._skip_ids),
-            stop_matcher=StopStringMatcher(params.stop),
+            stop_matcher=StopStringMatcher(params.stop, params.include_stop_str_in_output),
             stop_ids=stop_ids,
         )
         if params.logprob_token_ids:
             seq.token_ids_tensor = torch.tensor(params.logprob_token_ids, dtype=torch.int32)
-        if params.max_tokens == 0:
+        if params.max_tokens == 0 and not params.wants_prompt_logprobs:
             self._finish(seq, self._empty_output(seq, LENGTH))
             return
         seq.slot = len(self._active)
-        seq.logits = self.runner.prefill(seq.slot, params.prompt_ids)
+        logits = self.runner.prefill(
+            seq.slot, params.prompt_ids, all_positions=params.wants_prompt_logprobs
+        )
+        if params.wants_prompt_logprobs:
+            seq.prompt = self._prompt_logprobs(params, logits[:-1])
+        seq.logits = logits[-1]
         seq.cached_len = len(params.prompt_ids)
+        if params.max_tokens == 0:
+            self._finish(seq, self._empty_output(seq, LENGTH))
+            return
         self._active.append(seq)
+
+    def _prompt_logprobs(self, params: GenerationParams, logits: torch.Tensor) -> PromptLogprobs:
+        """One kernel call over the prompt positions: position i scores token i + 1."""
+        targets = torch.tensor(params.prompt_ids[1:], device=logits.device)
+        k = params.prompt_logprobs or 0
+        ids = params.prompt_logprob_token_ids
+        rows = len(targets)
+        flat = torch.tensor(ids * rows, dtype=torch.int32, device=logits.device)
+        offsets = torch.arange(rows + 1, device=logits.device) * len(ids)
+        out = gather_logprobs(logits, targets, top_k=k, token_ids=flat, row_offsets=offsets)
+        top_ids = out.top_ids.cpu().numpy()
+        return PromptLogprobs(
+            ids=list(params.prompt_ids),
+            token_bytes=[self.token_bytes[i] for i in params.prompt_ids],
+            logprobs=out.sampled_logprobs.cpu().numpy(),
+            top_ids=top_ids,
+            top_logprobs=out.top_logprobs.cpu().numpy(),
+            top_bytes=[self.token_bytes[i] for i in top_ids.reshape(-1).tolist()],
+            token_id_logprobs=out.token_logprobs.cpu().numpy().reshape(rows, len(ids)),
+        )
 
     def _step(self) -> None:
         self._drop_cancelled()
@@ -214,7 +256,8 @@ class Engine:
         if not rows:
             return
         logits = torch.stack([seq.logits for seq in rows])
-        sampled = sample(logits, self._sampling_batch(rows))
+        batch = batch_from_rows([s.sampling for s in rows], self.runner.vocab_size, logits.device)
+        sampled = sample(logits, batch)
         gathered = self._gather(logits, sampled, rows)
         sampled_ids = sampled.tolist()
         for row, (seq, token) in enumerate(zip(rows, sampled_ids, strict=True)):
@@ -247,15 +290,6 @@ class Engine:
                 seq.finished = True
                 seq.sink.send_error("the request was cancelled", kind=CANCELLED)
         self._compact()
-
-    def _sampling_batch(self, rows: list[_Sequence]) -> SamplingBatch:
-        device = self.runner.device
-        return SamplingBatch(
-            temperature=torch.tensor([s.params.temperature for s in rows], device=device),
-            top_p=torch.tensor([s.params.top_p for s in rows], device=device),
-            top_k=torch.tensor([s.params.top_k for s in rows], device=device),
-            generators=[s.generator for s in rows],
-        )
 
     def _gather(
         self, logits: torch.Tensor, sampled: torch.Tensor, rows: list[_Sequence]
@@ -290,6 +324,7 @@ class Engine:
     ) -> None:
         seq.generated += 1
         seq.last_token = token
+        seq.sampling.observe(token)
         self.stats.generated_tokens += 1
         params = seq.params
         reason = token_stop_reason(
@@ -334,6 +369,7 @@ class Engine:
             finish_reason=reason,
             prompt_tokens=len(params.prompt_ids),
             completion_tokens=seq.generated,
+            prompt=self._first_response_prompt(seq),
         )
         if reason is None:
             seq.sink.send(output)
@@ -345,6 +381,11 @@ class Engine:
             return []
         seq.sent_first = True
         return [self.token_bytes[i] for i in seq.params.logprob_token_ids]
+
+    @staticmethod
+    def _first_response_prompt(seq: _Sequence) -> PromptLogprobs | None:
+        prompt, seq.prompt = seq.prompt, None
+        return prompt
 
     def _empty_output(self, seq: _Sequence, reason: str) -> StepOutput:
         m = len(seq.params.logprob_token_ids)
@@ -362,6 +403,7 @@ class Engine:
             finish_reason=reason,
             prompt_tokens=len(seq.params.prompt_ids),
             completion_tokens=seq.generated,
+            prompt=self._first_response_prompt(seq),
         )
 
     def _finish(self, seq: _Sequence, output: StepOutput) -> None:

@@ -83,8 +83,11 @@ class ModelRunner:
         return self.cache.num_slots
 
     @torch.inference_mode()
-    def prefill(self, slot: int, prompt_ids: list[int]) -> torch.Tensor:
-        """Fill `slot` with the prompt's keys and values; logits [V] for the next token."""
+    def prefill(
+        self, slot: int, prompt_ids: list[int], all_positions: bool = False
+    ) -> torch.Tensor:
+        """Fill `slot` with the prompt's keys and values. Logits [P, V] of every position when
+        `all_positions` (prompt logprobs), else [1, V]; the last row is for the next token."""
         length = len(prompt_ids)
         ids = torch.tensor([prompt_ids], device=self.device)
         causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril()
@@ -97,9 +100,9 @@ class ModelRunner:
             attention_mask=mask,
             cache=self.cache,
             use_cache=True,
-            logits_to_keep=1,
+            logits_to_keep=0 if all_positions else 1,
         )
-        return out.logits[0, -1]
+        return out.logits[0]
 
     @torch.inference_mode()
     def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:

@@ -47,8 +47,35 @@ class GenerationParams:
     """Natural top-k count; not None also returns the sampled token's logprob."""
     logprob_token_ids: list[int] = field(default_factory=list)
     """Explicit ids whose logprobs are returned at every generated position, in this order."""
+    prompt_logprobs: int | None = None
+    """Top-k count at prompt positions; not None also returns each prompt token's logprob."""
+    prompt_logprob_token_ids: list[int] = field(default_factory=list)
+    """Explicit ids whose logprobs are returned at every prompt position (from the second on)."""
+    presence_penalty: float = 0.0
+    """OpenAI: subtracted once from the logit of every token already generated."""
+    frequency_penalty: float = 0.0
+    """OpenAI: subtracted per occurrence from the logit of every generated token."""
+    repetition_penalty: float = 1.0
+    """vLLM/HF: logits of tokens in the prompt or output divided (> 0) or multiplied (< 0) by it."""
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    """Added to the logits of these ids before sampling."""
+    allowed_token_ids: list[int] = field(default_factory=list)
+    """When not empty, only these ids can be sampled."""
+    min_tokens: int = 0
+    """EOS and stop ids cannot be sampled before this many tokens were generated."""
+    include_stop_str_in_output: bool = False
     request_id: str = ""
 
     @property
     def wants_logprobs(self) -> bool:
         return self.logprobs is not None or bool(self.logprob_token_ids)
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.prompt_logprobs is not None or bool(self.prompt_logprob_token_ids)
+
+    @property
+    def has_penalties(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty) or (
+            self.repetition_penalty != 1.0
+        )

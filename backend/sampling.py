@@ -1,7 +1,8 @@
 """One vectorised sampling step for a batch of rows, each with its own parameters.
 
-Temperature, top-k and top-p are applied as tensors over the batch. Randomness comes from each
-request's own `torch.Generator` (exponential race: argmax(p / q), q ~ Exp(1), equivalent to
+Penalties, logit bias, allowed ids and min-tokens bans, then temperature, top-k and top-p, are
+applied as tensors over the batch, on a copy: the raw logits stay for logprobs. Randomness comes
+from each request's own `torch.Generator` (exponential race: argmax(p / q), q ~ Exp(1), which is
 sampling from p), so a seeded request draws the same tokens whatever else is in the batch.
 """
 
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from backend.params import GenerationParams
+
 
 @dataclass
 class SamplingBatch:
@@ -18,6 +21,110 @@ class SamplingBatch:
     top_p: torch.Tensor  # [B] fp32
     top_k: torch.Tensor  # [B] int64, 0 = off
     generators: list[torch.Generator]
+    presence_penalty: torch.Tensor | None = None  # [B]
+    frequency_penalty: torch.Tensor | None = None  # [B]
+    repetition_penalty: torch.Tensor | None = None  # [B]
+    output_counts: torch.Tensor | None = None  # [B, V] occurrences of each id in the output
+    seen: torch.Tensor | None = None  # [B, V] bool: id in the prompt or the output
+    bias: torch.Tensor | None = None  # [B, V] added to the logits (-inf bans an id)
+
+
+class RowState:
+    """One request's sampling parameters and the history its penalties and bans need."""
+
+    def __init__(
+        self,
+        params: GenerationParams,
+        vocab_size: int,
+        device: torch.device,
+        seed: int,
+        stop_ids: frozenset[int],
+    ) -> None:
+        self.params = params
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+        self.generated = 0
+        self._stop_ids = torch.tensor(sorted(stop_ids), dtype=torch.int64, device=device)
+        self.counts: torch.Tensor | None = None
+        self.seen: torch.Tensor | None = None
+        if params.has_penalties:
+            self.counts = torch.zeros(vocab_size, dtype=torch.int32, device=device)
+            self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+            self.seen[torch.tensor(params.prompt_ids, device=device)] = True
+        self.static_bias: torch.Tensor | None = None
+        if params.logit_bias or params.allowed_token_ids:
+            bias = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+            if params.allowed_token_ids:
+                bias.fill_(float("-inf"))
+                bias[torch.tensor(params.allowed_token_ids, device=device)] = 0.0
+            for token, value in params.logit_bias.items():
+                bias[token] += value
+            self.static_bias = bias
+
+    def observe(self, token: int) -> None:
+        self.generated += 1
+        if self.counts is not None:
+            self.counts[token] += 1
+            self.seen[token] = True
+
+    def bias(self, vocab_size: int) -> torch.Tensor | None:
+        """This step's additive bias: logit_bias / allowed ids, and EOS and stop ids banned
+        while fewer than `min_tokens` tokens exist."""
+        banning = self.generated < self.params.min_tokens and self._stop_ids.numel() > 0
+        if not banning:
+            return self.static_bias
+        bias = (
+            self.static_bias.clone()
+            if self.static_bias is not None
+            else torch.zeros(vocab_size, dtype=torch.float32, device=self._stop_ids.device)
+        )
+        bias[self._stop_ids] = float("-inf")
+        return bias
+
+
+def batch_from_rows(rows: list[RowState], vocab_size: int, device: torch.device) -> SamplingBatch:
+    """Stack the rows' parameters; the [B, V] tensors exist only when some row needs them."""
+    params = [row.params for row in rows]
+    batch = SamplingBatch(
+        temperature=torch.tensor([p.temperature for p in params], device=device),
+        top_p=torch.tensor([p.top_p for p in params], device=device),
+        top_k=torch.tensor([p.top_k for p in params], device=device),
+        generators=[row.generator for row in rows],
+    )
+    if any(row.counts is not None for row in rows):
+        zeros = torch.zeros(vocab_size, dtype=torch.int32, device=device)
+        no = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+        batch.presence_penalty = torch.tensor([p.presence_penalty for p in params], device=device)
+        batch.frequency_penalty = torch.tensor([p.frequency_penalty for p in params], device=device)
+        batch.repetition_penalty = torch.tensor(
+            [p.repetition_penalty for p in params], device=device
+        )
+        batch.output_counts = torch.stack(
+            [r.counts if r.counts is not None else zeros for r in rows]
+        )
+        batch.seen = torch.stack([r.seen if r.seen is not None else no for r in rows])
+    biases = [row.bias(vocab_size) for row in rows]
+    if any(b is not None for b in biases):
+        zeros = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+        batch.bias = torch.stack([b if b is not None else zeros for b in biases])
+    return batch
+
+
+def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Float32 logits after penalties and bias (a new tensor; `logits` is not modified)."""
+    out = logits.float().clone()
+    if batch.output_counts is not None:
+        # vLLM / HF repetition penalty on ids seen in the prompt or output, then OpenAI's
+        # frequency and presence penalties on ids in the output.
+        rep = batch.repetition_penalty.unsqueeze(-1)
+        penalised = torch.where(out > 0, out / rep, out * rep)
+        out = torch.where(batch.seen, penalised, out)
+        counts = batch.output_counts.float()
+        out -= batch.frequency_penalty.unsqueeze(-1) * counts
+        out -= batch.presence_penalty.unsqueeze(-1) * (counts > 0).float()
+    if batch.bias is not None:
+        out += batch.bias
+    return out
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> None:
@@ -37,6 +144,8 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Token ids [B] from logits [B, V] (not modified)."""
+    if batch.output_counts is not None or batch.bias is not None:
+        logits = process_logits(logits, batch)
     greedy = batch.temperature <= 0
     if bool(greedy.all()):
         return logits.argmax(dim=-1)

@@ -15,8 +15,10 @@ class StopStringMatcher:
     already been seen whole.
     """
 
-    def __init__(self, stops: list[str]) -> None:
+    def __init__(self, stops: list[str], include_stop: bool = False) -> None:
+        """`include_stop` (vLLM's include_stop_str_in_output) emits the stop string itself."""
         self._stops = stops
+        self._include = include_stop
         self._hold = max((len(s) for s in stops), default=1) - 1
         self._buffer = ""
 
@@ -25,9 +27,10 @@ class StopStringMatcher:
         if not self._stops:
             return text, False
         self._buffer += text
-        hits = [i for i in (self._buffer.find(s) for s in self._stops) if i >= 0]
+        hits = [(i, i + len(s)) for s in self._stops if (i := self._buffer.find(s)) >= 0]
         if hits:
-            emit, self._buffer = self._buffer[: min(hits)], ""
+            start, end = min(hits)
+            emit, self._buffer = self._buffer[: end if self._include else start], ""
             return emit, True
         cut = max(len(self._buffer) - self._hold, 0)
         emit, self._buffer = self._buffer[:cut], self._buffer[cut:]

@@ -14,7 +14,7 @@ import numpy as np
 from backend.params import EngineLimits, GenerationParams, InvalidRequestError
 
 if TYPE_CHECKING:
-    from backend.engine import StepOutput
+    from backend.engine import PromptLogprobs, StepOutput
 
 # --- inputs of `llm` (and of `ensemble`, which forwards them) ---------------------------------
 INPUT_IDS = "INPUT_IDS"  # INT32 [-1], llm only
@@ -31,6 +31,16 @@ STOP_TOKEN_IDS = "STOP_TOKEN_IDS"  # INT32 [-1]
 IGNORE_EOS = "IGNORE_EOS"  # BOOL [1]
 LOGPROBS = "LOGPROBS"  # INT32 [1]
 LOGPROB_TOKEN_IDS = "LOGPROB_TOKEN_IDS"  # INT32 [-1]
+PROMPT_LOGPROBS = "PROMPT_LOGPROBS"  # INT32 [1]
+PROMPT_LOGPROB_TOKEN_IDS = "PROMPT_LOGPROB_TOKEN_IDS"  # INT32 [-1]
+PRESENCE_PENALTY = "PRESENCE_PENALTY"  # FP32 [1]
+FREQUENCY_PENALTY = "FREQUENCY_PENALTY"  # FP32 [1]
+REPETITION_PENALTY = "REPETITION_PENALTY"  # FP32 [1]
+LOGIT_BIAS_IDS = "LOGIT_BIAS_IDS"  # INT32 [-1]
+LOGIT_BIAS_VALUES = "LOGIT_BIAS_VALUES"  # FP32 [-1], same length as LOGIT_BIAS_IDS
+ALLOWED_TOKEN_IDS = "ALLOWED_TOKEN_IDS"  # INT32 [-1]
+MIN_TOKENS = "MIN_TOKENS"  # INT32 [1]
+INCLUDE_STOP_STR_IN_OUTPUT = "INCLUDE_STOP_STR_IN_OUTPUT"  # BOOL [1]
 
 # --- outputs of every streamed response (deltas) ----------------------------------------------
 OUTPUT_IDS = "OUTPUT_IDS"  # INT32 [n]
@@ -45,6 +55,15 @@ LOGPROB_TOKEN_BYTES = "LOGPROB_TOKEN_BYTES"  # BYTES [M] on the first response, 
 FINISH_REASON = "FINISH_REASON"  # BYTES [1], "" until the final response
 PROMPT_TOKENS = "PROMPT_TOKENS"  # INT32 [1]
 COMPLETION_TOKENS = "COMPLETION_TOKENS"  # INT32 [1], cumulative
+# Prompt logprobs, on the first response when PROMPT_LOGPROBS or PROMPT_LOGPROB_TOKEN_IDS is
+# given, zero-size otherwise. Position i (1..P-1) scores prompt token i given the tokens before.
+PROMPT_IDS = "PROMPT_IDS"  # INT32 [P]
+PROMPT_TOKEN_BYTES = "PROMPT_TOKEN_BYTES"  # BYTES [P]
+PROMPT_TOKEN_LOGPROBS = "PROMPT_TOKEN_LOGPROBS"  # FP32 [P-1]
+PROMPT_TOP_LOGPROB_IDS = "PROMPT_TOP_LOGPROB_IDS"  # INT32 [P-1, k]
+PROMPT_TOP_LOGPROBS = "PROMPT_TOP_LOGPROBS"  # FP32 [P-1, k]
+PROMPT_TOP_LOGPROB_TOKEN_BYTES = "PROMPT_TOP_LOGPROB_TOKEN_BYTES"  # BYTES [P-1, k]
+PROMPT_LOGPROB_TOKEN_LOGPROBS = "PROMPT_LOGPROB_TOKEN_LOGPROBS"  # FP32 [P-1, M]
 
 # -inf cannot travel through JSON clients; vLLM and this contract send it as -9999.0.
 NEG_INF_LOGPROB = -9999.0
@@ -137,24 +156,78 @@ def parse_request(
     ignore_eos = _scalar(arrays, IGNORE_EOS, "b")
     params.ignore_eos = bool(ignore_eos)
 
-    logprobs = _scalar(arrays, LOGPROBS, "iu")
-    if logprobs is not None and not 0 <= logprobs <= limits.max_logprobs:
-        raise InvalidRequestError(
-            LOGPROBS, f"must be in [0, {limits.max_logprobs}], got {logprobs}"
-        )
-    params.logprobs = logprobs
-    ids = _int_list(arrays, LOGPROB_TOKEN_IDS)
-    if ids is not None:
-        if not ids:
-            raise InvalidRequestError(LOGPROB_TOKEN_IDS, "must not be empty")
-        if len(ids) > limits.max_logprob_token_ids:
-            raise InvalidRequestError(
-                LOGPROB_TOKEN_IDS,
-                f"{len(ids)} ids requested, at most {limits.max_logprob_token_ids} are allowed",
-            )
-        _check_ids(LOGPROB_TOKEN_IDS, ids, limits.vocab_size)
-        params.logprob_token_ids = ids
+    params.logprobs = _top_k_count(arrays, LOGPROBS, limits)
+    params.logprob_token_ids = _explicit_ids(arrays, LOGPROB_TOKEN_IDS, limits)
+    params.prompt_logprobs = _top_k_count(arrays, PROMPT_LOGPROBS, limits)
+    params.prompt_logprob_token_ids = _explicit_ids(arrays, PROMPT_LOGPROB_TOKEN_IDS, limits)
+    _parse_logits_processing(arrays, params, limits)
     return params
+
+
+def _top_k_count(arrays: Mapping[str, np.ndarray], name: str, limits: EngineLimits) -> int | None:
+    count = _scalar(arrays, name, "iu")
+    if count is not None and not 0 <= count <= limits.max_logprobs:
+        raise InvalidRequestError(name, f"must be in [0, {limits.max_logprobs}], got {count}")
+    return count
+
+
+def _explicit_ids(arrays: Mapping[str, np.ndarray], name: str, limits: EngineLimits) -> list[int]:
+    ids = _int_list(arrays, name)
+    if ids is None:
+        return []
+    if not ids:
+        raise InvalidRequestError(name, "must not be empty")
+    if len(ids) > limits.max_logprob_token_ids:
+        raise InvalidRequestError(
+            name, f"{len(ids)} ids requested, at most {limits.max_logprob_token_ids} are allowed"
+        )
+    _check_ids(name, ids, limits.vocab_size)
+    return ids
+
+
+def _bounded(arrays: Mapping[str, np.ndarray], name: str, low: float, high: float) -> float | None:
+    value = _scalar(arrays, name, "f")
+    if value is not None and not low <= value <= high:
+        raise InvalidRequestError(name, f"must be in [{low:g}, {high:g}], got {value:g}")
+    return value
+
+
+def _parse_logits_processing(
+    arrays: Mapping[str, np.ndarray], params: GenerationParams, limits: EngineLimits
+) -> None:
+    """Penalties, bias, allowed ids and min tokens: they change sampling, never logprobs."""
+    params.presence_penalty = _bounded(arrays, PRESENCE_PENALTY, -2.0, 2.0) or 0.0
+    params.frequency_penalty = _bounded(arrays, FREQUENCY_PENALTY, -2.0, 2.0) or 0.0
+    repetition = _scalar(arrays, REPETITION_PENALTY, "f")
+    if repetition is not None:
+        if not 0.0 < repetition < float("inf"):
+            raise InvalidRequestError(REPETITION_PENALTY, f"must be > 0, got {repetition:g}")
+        params.repetition_penalty = repetition
+    bias_ids = _int_list(arrays, LOGIT_BIAS_IDS) or []
+    bias_values = arrays.get(LOGIT_BIAS_VALUES)
+    bias_values = [] if bias_values is None else np.asarray(bias_values).reshape(-1).tolist()
+    if len(bias_ids) != len(bias_values):
+        raise InvalidRequestError(
+            LOGIT_BIAS_VALUES, f"has {len(bias_values)} values for {len(bias_ids)} ids"
+        )
+    _check_ids(LOGIT_BIAS_IDS, bias_ids, limits.vocab_size)
+    if any(not -100.0 <= v <= 100.0 for v in bias_values):
+        raise InvalidRequestError(LOGIT_BIAS_VALUES, "each bias must be in [-100, 100]")
+    params.logit_bias = dict(zip(bias_ids, bias_values, strict=True))
+    allowed = _int_list(arrays, ALLOWED_TOKEN_IDS)
+    if allowed is not None:
+        if not allowed:
+            raise InvalidRequestError(ALLOWED_TOKEN_IDS, "must not be empty")
+        _check_ids(ALLOWED_TOKEN_IDS, allowed, limits.vocab_size)
+        params.allowed_token_ids = allowed
+    min_tokens = _scalar(arrays, MIN_TOKENS, "iu")
+    if min_tokens is not None:
+        if not 0 <= min_tokens <= params.max_tokens:
+            raise InvalidRequestError(
+                MIN_TOKENS, f"must be in [0, MAX_TOKENS={params.max_tokens}], got {min_tokens}"
+            )
+        params.min_tokens = min_tokens
+    params.include_stop_str_in_output = bool(_scalar(arrays, INCLUDE_STOP_STR_IN_OUTPUT, "b"))
 
 
 def _bytes_array(values: list[bytes], shape: tuple[int, ...]) -> np.ndarray:
@@ -187,4 +260,32 @@ def output_arrays(out: StepOutput, params: GenerationParams) -> dict[str, np.nda
         FINISH_REASON: _bytes_array([(out.finish_reason or "").encode()], (1,)),
         PROMPT_TOKENS: np.asarray([out.prompt_tokens], dtype=np.int32),
         COMPLETION_TOKENS: np.asarray([out.completion_tokens], dtype=np.int32),
+        **_prompt_arrays(out.prompt, params),
+    }
+
+
+def _prompt_arrays(
+    prompt: PromptLogprobs | None, params: GenerationParams
+) -> dict[str, np.ndarray]:
+    k = params.prompt_logprobs or 0
+    m = len(params.prompt_logprob_token_ids)
+    if prompt is None:
+        return {
+            PROMPT_IDS: np.zeros(0, np.int32),
+            PROMPT_TOKEN_BYTES: _bytes_array([], (0,)),
+            PROMPT_TOKEN_LOGPROBS: np.zeros(0, np.float32),
+            PROMPT_TOP_LOGPROB_IDS: np.zeros((0, k), np.int32),
+            PROMPT_TOP_LOGPROBS: np.zeros((0, k), np.float32),
+            PROMPT_TOP_LOGPROB_TOKEN_BYTES: _bytes_array([], (0, k)),
+            PROMPT_LOGPROB_TOKEN_LOGPROBS: np.zeros((0, m), np.float32),
+        }
+    n = len(prompt.ids) - 1
+    return {
+        PROMPT_IDS: np.asarray(prompt.ids, dtype=np.int32),
+        PROMPT_TOKEN_BYTES: _bytes_array(prompt.token_bytes, (n + 1,)),
+        PROMPT_TOKEN_LOGPROBS: _logprob_array(prompt.logprobs).reshape(n),
+        PROMPT_TOP_LOGPROB_IDS: np.asarray(prompt.top_ids, dtype=np.int32).reshape(n, k),
+        PROMPT_TOP_LOGPROBS: _logprob_array(prompt.top_logprobs).reshape(n, k),
+        PROMPT_TOP_LOGPROB_TOKEN_BYTES: _bytes_array(prompt.top_bytes, (n, k)),
+        PROMPT_LOGPROB_TOKEN_LOGPROBS: _logprob_array(prompt.token_id_logprobs).reshape(n, m),
     }

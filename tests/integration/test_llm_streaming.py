@@ -400,3 +400,154 @@ def test_many_threads_share_the_server(triton_server, passage_ids):
     for t in threads:
         t.join(60)
     assert sorted(len(r.token_ids) for r in results) == [2, 3, 5, 9, 11, 17]
+
+
+def test_prompt_logprobs_equal_the_reference_at_every_position(triton_server, model_dir):
+    prompt = tokenizer(model_dir)("Triton serves the model and streams")["input_ids"]
+    labels = [5, 300, 999, 5]
+    for max_tokens in (0, 3):
+        result = generate(
+            triton_server.grpc_url,
+            "llm",
+            {
+                io.INPUT_IDS: i32(*prompt),
+                io.MAX_TOKENS: i32(max_tokens),
+                io.TEMPERATURE: f32(0.0),
+                io.PROMPT_LOGPROBS: i32(2),
+                io.PROMPT_LOGPROB_TOKEN_IDS: i32(*labels),
+            },
+        )
+        assert result.error is None
+        first = result.responses[0]
+        ref = reference_logprobs(model_dir, prompt[:1], prompt[1:])  # position i scores token i
+        assert first[io.PROMPT_IDS].tolist() == prompt
+        assert first[io.PROMPT_TOKEN_BYTES].tolist() == [
+            tokenizer(model_dir).decode([t]).encode() for t in prompt
+        ]
+        np.testing.assert_allclose(
+            first[io.PROMPT_TOKEN_LOGPROBS], ref[np.arange(len(prompt) - 1), prompt[1:]], atol=ATOL
+        )
+        order = np.argsort(-ref, axis=1, kind="stable")[:, :2]
+        np.testing.assert_array_equal(first[io.PROMPT_TOP_LOGPROB_IDS], order)
+        np.testing.assert_allclose(
+            first[io.PROMPT_TOP_LOGPROBS], np.take_along_axis(ref, order, 1), atol=ATOL
+        )
+        np.testing.assert_allclose(
+            first[io.PROMPT_LOGPROB_TOKEN_LOGPROBS], ref[:, labels], atol=ATOL
+        )
+        assert len(result.token_ids) == max_tokens
+        for later in result.responses[1:]:
+            assert later[io.PROMPT_IDS].size == 0 and later[io.PROMPT_TOKEN_LOGPROBS].size == 0
+
+
+def test_logit_bias_changes_sampling_not_the_reported_logprob(
+    triton_server, model_dir, passage_ids
+):
+    target = 777
+    result = generate(
+        triton_server.grpc_url,
+        "llm",
+        {
+            io.INPUT_IDS: i32(*passage_ids[:4]),
+            io.MAX_TOKENS: i32(3),
+            io.TEMPERATURE: f32(0.0),
+            io.LOGPROBS: i32(0),
+            io.LOGIT_BIAS_IDS: i32(target),
+            io.LOGIT_BIAS_VALUES: np.array([100.0], np.float32),
+        },
+    )
+    assert result.token_ids == [target] * 3
+    ref = reference_logprobs(model_dir, passage_ids[:4], result.token_ids)
+    np.testing.assert_allclose(result.cat(io.OUTPUT_LOGPROBS), ref[:, target], atol=ATOL)
+    assert np.all(result.cat(io.OUTPUT_LOGPROBS) < -1.0)  # raw: the model itself dislikes it
+
+
+def test_allowed_token_ids_restrict_sampling(triton_server, passage_ids):
+    allowed = [11, 12, 13]
+    result = generate(
+        triton_server.grpc_url,
+        "llm",
+        {
+            io.INPUT_IDS: i32(*passage_ids[:4]),
+            io.MAX_TOKENS: i32(30),
+            io.TEMPERATURE: f32(1.0),
+            io.SEED: np.array([3], np.int64),
+            io.ALLOWED_TOKEN_IDS: i32(*allowed),
+        },
+    )
+    assert set(result.token_ids) <= set(allowed)
+    assert len(set(result.token_ids)) > 1
+
+
+def test_penalties_reduce_repetition(triton_server):
+    """The random part of the model repeats itself on a repetitive prompt; penalties fight it."""
+    prompt = [40, 41] * 20
+
+    def distinct(**penalties: float) -> int:
+        inputs = {
+            io.INPUT_IDS: i32(*prompt),
+            io.MAX_TOKENS: i32(40),
+            io.TEMPERATURE: f32(0.0),
+            io.IGNORE_EOS: np.array([True]),
+        }
+        inputs.update({name: f32(value) for name, value in penalties.items()})
+        return len(set(generate(triton_server.grpc_url, "llm", inputs).token_ids))
+
+    plain = distinct()
+    assert distinct(**{io.FREQUENCY_PENALTY: 2.0}) > plain
+    assert distinct(**{io.PRESENCE_PENALTY: 2.0}) > plain
+    assert distinct(**{io.REPETITION_PENALTY: 3.0}) > plain
+
+
+def test_min_tokens_holds_back_eos(triton_server, model_dir, passage_ids):
+    inputs = {
+        io.INPUT_IDS: i32(*passage_ids[:-2]),
+        io.MAX_TOKENS: i32(10),
+        io.TEMPERATURE: f32(0.0),
+    }
+    assert len(generate(triton_server.grpc_url, "llm", inputs).token_ids) == 3  # 2 + EOS
+    result = generate(triton_server.grpc_url, "llm", {**inputs, io.MIN_TOKENS: i32(6)})
+    assert len(result.token_ids) >= 6
+    assert tokenizer(model_dir).eos_token_id not in result.token_ids[:5]
+
+
+def test_include_stop_str_in_output(triton_server):
+    prompt = "日本語のテキストも大丈夫です。"
+    head = PASSAGE[: PASSAGE.index(prompt) + len(prompt)]
+    result = generate(
+        triton_server.grpc_url,
+        "ensemble",
+        {
+            io.TEXT_INPUT: text(head),
+            io.MAX_TOKENS: i32(100),
+            io.TEMPERATURE: f32(0.0),
+            io.STOP: np.array([b"fox"], dtype=object),
+            io.INCLUDE_STOP_STR_IN_OUTPUT: np.array([True]),
+        },
+    )
+    assert result.finish_reason == "stop"
+    assert result.text == " The quick brown fox"
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ({io.PRESENCE_PENALTY: f32(3.0)}, "PRESENCE_PENALTY: must be in [-2, 2]"),
+        ({io.REPETITION_PENALTY: f32(0.0)}, "REPETITION_PENALTY: must be > 0"),
+        (
+            {io.LOGIT_BIAS_IDS: i32(1, 2), io.LOGIT_BIAS_VALUES: np.array([1.0], np.float32)},
+            "LOGIT_BIAS_VALUES: has 1 values for 2 ids",
+        ),
+        (
+            {io.LOGIT_BIAS_IDS: i32(1), io.LOGIT_BIAS_VALUES: np.array([101.0], np.float32)},
+            "LOGIT_BIAS_VALUES: each bias must be in [-100, 100]",
+        ),
+        ({io.ALLOWED_TOKEN_IDS: i32(5000)}, "ALLOWED_TOKEN_IDS: id 5000 is outside"),
+        ({io.MIN_TOKENS: i32(50)}, "MIN_TOKENS: must be in [0, MAX_TOKENS=16], got 50"),
+        ({io.PROMPT_LOGPROBS: i32(21)}, "PROMPT_LOGPROBS: must be in [0, 20]"),
+        ({io.PROMPT_LOGPROB_TOKEN_IDS: i32(-3)}, "PROMPT_LOGPROB_TOKEN_IDS: id -3 is outside"),
+    ],
+)
+def test_bad_sampling_inputs_are_refused(triton_server, inputs, message):
+    result = generate(triton_server.grpc_url, "llm", {io.INPUT_IDS: i32(1, 2), **inputs})
+    assert result.error is not None and message in result.error

@@ -16,11 +16,12 @@ from backend.params import GenerationParams, InvalidRequestError
 from backend.triton_io import output_arrays, parse_request
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-_ERROR_CODES = {
-    INTERNAL: pb_utils.TritonError.INTERNAL,
-    CANCELLED: pb_utils.TritonError.CANCELLED,
-    BUSY: pb_utils.TritonError.UNAVAILABLE,
-}
+
+
+def _error_code(kind: str) -> int:
+    """pb_utils' classes exist only once the stub has imported this file: look them up late."""
+    codes = {CANCELLED: pb_utils.TritonError.CANCELLED, BUSY: pb_utils.TritonError.UNAVAILABLE}
+    return codes.get(kind, pb_utils.TritonError.INTERNAL)
 
 
 class _ResponseSink:
@@ -48,7 +49,7 @@ class _ResponseSink:
         )
 
     def send_error(self, message: str, *, kind: str = INTERNAL) -> None:
-        code = _ERROR_CODES.get(kind, pb_utils.TritonError.INTERNAL)
+        code = _error_code(kind)
         self._send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), True)
 
     def is_cancelled(self) -> bool:

@@ -26,6 +26,7 @@ from backend.sampling import RowState, batch_from_rows, sample
 from backend.stopping import LENGTH, STOP, StopStringMatcher, token_stop_reason
 from backend.token_bytes import token_bytes_table
 from kernels import gather_logprobs
+from kernels.logprobs import warmup as warmup_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +143,14 @@ class Engine:
 
     # --- public API (any thread) ----------------------------------------------------------------
     def start(self) -> None:
+        # Compile the logprob kernel's variants now, not in the middle of a request (CUDA only).
+        warmup_kernels(
+            self.runner.device,
+            [self.runner.dtype],
+            self.runner.vocab_size,
+            top_ks=(0, 1, self.limits.max_logprobs),
+            return_ranks=(False,),
+        )
         self._running = True
         self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
         self._thread.start()

@@ -1,4 +1,4 @@
-"""Logprob gathering for a decode batch: sampled, top-k and explicit ids, in one read of the logits."""
+"""Logprobs for a decode batch (sampled, top-k, explicit ids) in one read of the logits."""
 
 from __future__ import annotations
 

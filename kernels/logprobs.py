@@ -13,6 +13,7 @@ divisibility by 16, which `warmup` covers by using the real vocabulary size).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from collections.abc import Iterable
@@ -21,7 +22,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.common import LogprobOutput, empty_output, empty_token_logprobs, prepare_inputs
+from kernels.common import (
+    LogprobInputs,
+    LogprobOutput,
+    empty_output,
+    empty_token_logprobs,
+    prepare_inputs,
+)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 """Whether the kernels below were built for Triton's CPU interpreter (read once, at import,
@@ -29,9 +36,12 @@ because that is when `triton.jit` decides)."""
 
 BLOCK_V = 4096
 """Logits per loop step: 16 fp32 or bf16 values per thread at 8 warps."""
-MAX_SPLITS = 64
+MAX_SPLITS = 32
 """At most this many programs share a row; the merge step holds MAX_SPLITS * K_PAD keys."""
-_BLOCK_TOKENS = 128
+NUM_WARPS = 8
+MERGE_NUM_WARPS = 4
+BLOCK_TOKENS = 128
+"""Explicit ids per loop step of the merge."""
 _EMPTY_KEY = tl.constexpr(-(2**63))
 """Sort key of an unfilled top-k slot: below every real (value, id) key."""
 
@@ -128,7 +138,8 @@ def _logprobs_kernel(
         # 4. Top-k: ids grow along the loop, so a block can only improve full slots with a
         # strictly greater value; most blocks are skipped on the max already computed.
         if HAS_TOPK:
-            if (worst == _EMPTY_KEY) | (block_max > _key_value(worst)):
+            may_improve = (worst == _EMPTY_KEY) | (block_max > _key_value(worst))
+            if may_improve:
                 keys = tl.where(in_chunk, _sort_key(x, cols), _EMPTY_KEY)
                 best = tl.max(keys, axis=0)
                 while best > worst:
@@ -242,7 +253,7 @@ def _k_slots(top_k: int) -> int:
     return 8 if top_k <= 8 else 32
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _programs_wanted(device: torch.device) -> int:
     """Programs that fill the device: a few per SM on CUDA, a handful in the interpreter."""
     if device.type == "cuda":
@@ -267,9 +278,18 @@ def gather_logprobs_triton(
     for tests; by default a row is split until B * S programs fill the device.
     """
     inputs = prepare_inputs(logits, sampled_ids, top_k, token_ids, row_offsets, return_rank)
-    n_rows, n_vocab = logits.shape
-    if n_rows == 0:
+    if logits.shape[0] == 0:
         return empty_output(inputs)
+    # Triton launches on the current CUDA device, which need not be the logits'.
+    on_device = torch.cuda.device(logits.device) if logits.is_cuda else contextlib.nullcontext()
+    with on_device:
+        return _launch(inputs, n_splits, block_v)
+
+
+def _launch(inputs: LogprobInputs, n_splits: int | None, block_v: int) -> LogprobOutput:
+    """Size the grid and workspace, run both kernels, wrap the outputs."""
+    logits, top_k, return_rank = inputs.logits, inputs.top_k, inputs.return_rank
+    n_rows, n_vocab = logits.shape
     device = logits.device
     n_blocks = triton.cdiv(n_vocab, block_v)
     if n_splits is None:
@@ -301,7 +321,7 @@ def gather_logprobs_triton(
         K_PAD=k_slots,
         RETURN_RANK=return_rank,
         BLOCK_V=block_v,
-        num_warps=8,
+        num_warps=NUM_WARPS,
     )
 
     sampled_logprobs = buffer(torch.float32, n_rows)
@@ -333,8 +353,8 @@ def gather_logprobs_triton(
         RETURN_RANK=return_rank,
         HAS_TOKENS=has_tokens,
         MAX_SPLITS=MAX_SPLITS,
-        BLOCK_TOKENS=_BLOCK_TOKENS,
-        num_warps=4,
+        BLOCK_TOKENS=BLOCK_TOKENS,
+        num_warps=MERGE_NUM_WARPS,
     )
     return LogprobOutput(
         sampled_logprobs=sampled_logprobs,
@@ -354,11 +374,15 @@ def warmup(
 ) -> None:
     """Compile, before serving, every kernel variant a decode step can pick.
 
-    Variants differ by logits dtype, top-k bucket (none, <= 8, <= 20), rank and explicit ids;
+    Per logits dtype: 6 variants of step 1 (top-k bucket none / <= 8 / <= 20, rank or not) and
+    12 of the merge (the same, with or without explicit ids). `top_ks` and `return_ranks` may
+    narrow them to what the server allows.
     `vocab_size` must be the model's, as Triton specialises V and the row stride on their
     divisibility by 16. Compiled kernels also land in Triton's on-disk cache for later starts.
     """
     device = torch.device(device)
+    if device.type == "cpu" and not INTERPRET:
+        return  # CPU tensors take the torch path, which compiles nothing
     sampled = torch.zeros(2, dtype=torch.int64, device=device)
     token_ids = torch.zeros(2, 1, dtype=torch.int64, device=device)
     for dtype in dtypes:

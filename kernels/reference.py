@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from kernels.common import (
@@ -12,8 +14,9 @@ from kernels.common import (
     prepare_inputs,
 )
 
-_CHUNK_ELEMENTS = 1 << 22
-"""Logits converted to fp32 at a time (16 MiB), which bounds the working set at any B and V."""
+_CHUNK_ELEMENTS = 1 << 18
+"""Logits handled at a time (a whole number of rows, at least one): 1 MiB in fp32, so that a
+chunk stays in cache through its max, sum-exp, top-k and rank, and memory stays bounded."""
 
 
 def gather_logprobs_torch(
@@ -26,8 +29,8 @@ def gather_logprobs_torch(
 ) -> LogprobOutput:
     """`kernels.gather_logprobs` in vectorised torch ops; used on CPU, valid on any device.
 
-    It never writes a [B, V] log-softmax: row statistics in fp32 chunks, `topk` on the raw
-    logits (log-softmax is monotonic), gathers for the rest. On CUDA it synchronises once, to
+    It never writes a [B, V] log-softmax: one pass over row chunks in fp32 for the row
+    statistics, top-k and rank, then gathers for the few ids asked for. On CUDA it syncs, to
     find the rows whose top-k needs a tie fix.
     """
     inputs = prepare_inputs(logits, sampled_ids, top_k, token_ids, row_offsets, return_rank)
@@ -35,20 +38,19 @@ def gather_logprobs_torch(
         return empty_output(inputs)
     rows = torch.arange(logits.shape[0], device=logits.device)
     sampled_logits = _gather_or_neg_inf(logits, rows, inputs.sampled_ids)
-    row_max, log_sum, n_greater = _row_stats(logits, sampled_logits if return_rank else None)
-    top_ids, top_logits = _top_k(logits, top_k)
+    scan = _scan_rows(logits, top_k, sampled_logits if return_rank else None)
+    row_max, log_sum = scan.row_max, scan.log_sum
     return LogprobOutput(
+        # (x - max) - log_sum: adding max and log_sum first would round to the max's ulp.
         sampled_logprobs=(sampled_logits - row_max) - log_sum,
-        top_ids=top_ids.to(torch.int32),
-        top_logprobs=(top_logits - row_max[:, None]) - log_sum[:, None],
+        top_ids=scan.top_ids.to(torch.int32),
+        top_logprobs=(scan.top_logits - row_max[:, None]) - log_sum[:, None],
         token_logprobs=_token_logprobs(inputs, row_max, log_sum),
-        sampled_ranks=None if n_greater is None else n_greater + 1,
+        sampled_ranks=None if scan.n_greater is None else scan.n_greater + 1,
     )
 
 
-def _gather_or_neg_inf(
-    logits: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor
-) -> torch.Tensor:
+def _gather_or_neg_inf(logits: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """`logits[rows, ids]` in fp32, -inf where an id is outside [0, V)."""
     n_vocab = logits.shape[1]
     valid = (ids >= 0) & (ids < n_vocab)
@@ -56,26 +58,38 @@ def _gather_or_neg_inf(
     return values.masked_fill(~valid, float("-inf"))
 
 
-def _row_stats(
-    logits: torch.Tensor, sampled_logits: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Row max, log(sum(exp(x - max))) and, if asked, #logits > the sampled logit, in fp32.
+@dataclass(frozen=True)
+class _RowScan:
+    row_max: torch.Tensor
+    """[B] fp32."""
+    log_sum: torch.Tensor
+    """[B] fp32 log(sum(exp(x - row_max))), kept apart from the max: a logprob is then
+    (x - max) - log_sum, where max + log_sum would be rounded to the max's ulp (6e-5 at 1000)."""
+    top_ids: torch.Tensor
+    """[B, k] int64, by logit descending, ties to the lower id."""
+    top_logits: torch.Tensor
+    """[B, k] fp32."""
+    n_greater: torch.Tensor | None
+    """[B] int64 #logits > the sampled logit, when asked."""
 
-    Max and log-sum stay apart: a logprob is then (x - max) - log_sum, where folding them into
-    one log-sum-exp first would round it to the max's ulp (6e-5 at a logit of 1000).
-    """
+
+def _scan_rows(logits: torch.Tensor, k: int, sampled_logits: torch.Tensor | None) -> _RowScan:
+    """Everything that needs the whole row, from one read of each fp32 chunk of rows."""
     n_rows, n_vocab = logits.shape
     rows_per_chunk = max(1, _CHUNK_ELEMENTS // n_vocab)
-    maxes, log_sums, counts = [], [], []
+    parts: list[tuple[torch.Tensor, ...]] = []
     for start in range(0, n_rows, rows_per_chunk):
         x = logits[start : start + rows_per_chunk].float()
         row_max = x.amax(dim=1)
-        maxes.append(row_max)
-        log_sums.append(torch.exp(x - row_max[:, None]).sum(dim=1).log())
+        log_sum = (x - row_max[:, None]).exp_().sum(dim=1).log_()
+        top_ids, top_logits = _top_k(x, k)
+        part = (row_max, log_sum, top_ids, top_logits)
         if sampled_logits is not None:
             threshold = sampled_logits[start : start + rows_per_chunk, None]
-            counts.append((x > threshold).sum(dim=1))
-    return torch.cat(maxes), torch.cat(log_sums), torch.cat(counts) if counts else None
+            part += (torch.count_nonzero(x > threshold, dim=1),)
+        parts.append(part)
+    columns = [torch.cat(column) for column in zip(*parts, strict=True)]
+    return _RowScan(*columns[:4], n_greater=columns[4] if sampled_logits is not None else None)
 
 
 def _top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,9 +116,7 @@ def _top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids.gather(1, order), values
 
 
-def _ids_with_boundary_ties(
-    logits: torch.Tensor, kth_value: torch.Tensor, k: int
-) -> torch.Tensor:
+def _ids_with_boundary_ties(logits: torch.Tensor, kth_value: torch.Tensor, k: int) -> torch.Tensor:
     """Ids of the top k per row: all above the k-th value, then the lowest ids equal to it."""
     above = logits > kth_value[:, None]
     at = logits == kth_value[:, None]

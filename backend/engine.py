@@ -85,6 +85,8 @@ class OutputSink(Protocol):
 class EngineStats:
     active_sequences: int = 0
     waiting_requests: int = 0
+    kv_cache_usage: float = 0.0
+    """Fraction of the KV-cache slots in use."""
     generated_tokens: int = 0
     cancelled_requests: int = 0
     finished_requests: int = 0
@@ -234,6 +236,12 @@ class Engine:
             seq.prompt = self._prompt_logprobs(params, logits[:-1])
         seq.logits = logits[-1]
         seq.cached_len = len(params.prompt_ids)
+        logger.debug(
+            "request %s: %d prompt tokens in slot %d",
+            params.request_id,
+            len(params.prompt_ids),
+            seq.slot,
+        )
         if params.max_tokens == 0:
             self._finish(seq, self._empty_output(seq, LENGTH))
             return
@@ -295,6 +303,9 @@ class Engine:
     def _drop_cancelled(self) -> None:
         for seq in self._active:
             if seq.sink.is_cancelled():
+                logger.info(
+                    "request %s cancelled after %d tokens", seq.params.request_id, seq.generated
+                )
                 self.stats.cancelled_requests += 1
                 seq.finished = True
                 seq.sink.send_error("the request was cancelled", kind=CANCELLED)
@@ -416,6 +427,12 @@ class Engine:
         )
 
     def _finish(self, seq: _Sequence, output: StepOutput) -> None:
+        logger.debug(
+            "request %s: %s after %d tokens",
+            seq.params.request_id,
+            output.finish_reason,
+            seq.generated,
+        )
         seq.finished = True
         seq.logits = None
         self.stats.finished_requests += 1
@@ -424,5 +441,6 @@ class Engine:
     def _publish_stats(self) -> None:
         self.stats.active_sequences = len(self._active)
         self.stats.waiting_requests = self._incoming.qsize()
+        self.stats.kv_cache_usage = len(self._active) / self.runner.num_slots
         if self._on_stats is not None:
             self._on_stats(self.stats)

@@ -59,7 +59,7 @@ class _ResponseSink:
 class _Metrics:
     """Engine counters on Triton's metrics port (custom metrics)."""
 
-    _GAUGES = frozenset({"active_sequences", "waiting_requests"})
+    _GAUGES = frozenset({"active_sequences", "waiting_requests", "kv_cache_usage"})
 
     def __init__(self, model_name: str) -> None:
         labels = {"model": model_name}
@@ -70,6 +70,9 @@ class _Metrics:
             ),
             "waiting_requests": pb_utils.MetricFamily(
                 "llm_waiting_requests", "Requests waiting for a sequence slot", gauge
+            ),
+            "kv_cache_usage": pb_utils.MetricFamily(
+                "llm_kv_cache_usage", "Fraction of KV-cache slots in use", gauge
             ),
             "generated_tokens": pb_utils.MetricFamily(
                 "llm_generated_tokens_total", "Tokens generated", counter

@@ -1,1 +1,1 @@
-"""OpenAI-compatible HTTP adapter in front of the Triton `ensemble` / `llm` models."""
+"""OpenAI-compatible HTTP adapter in front of the Triton `preprocessing` and `llm` models."""

@@ -61,19 +61,17 @@ class ErrorResponse(BaseModel):
 def error_response(exc: BaseException) -> tuple[HTTPStatus, ErrorResponse]:
     """The status and OpenAI error body for any exception that reaches a route or a stream."""
     if isinstance(exc, InvalidRequestError):
-        status, info = HTTPStatus.BAD_REQUEST, ErrorInfo(
-            message=exc.message, type="invalid_request_error", param=exc.parameter
-        )
+        status = HTTPStatus.BAD_REQUEST
+        info = ErrorInfo(message=exc.message, type="invalid_request_error", param=exc.parameter)
     elif isinstance(exc, ModelNotFoundError):
-        status, info = HTTPStatus.NOT_FOUND, ErrorInfo(
+        status = HTTPStatus.NOT_FOUND
+        info = ErrorInfo(
             message=str(exc), type="invalid_request_error", param="model", code="model_not_found"
         )
     elif isinstance(exc, EngineUnavailableError):
-        status, info = HTTPStatus.SERVICE_UNAVAILABLE, ErrorInfo(
-            message=str(exc), type="server_error", code="service_unavailable"
-        )
+        status = HTTPStatus.SERVICE_UNAVAILABLE
+        info = ErrorInfo(message=str(exc), type="server_error", code="service_unavailable")
     else:
-        status, info = HTTPStatus.INTERNAL_SERVER_ERROR, ErrorInfo(
-            message=str(exc) or type(exc).__name__, type="server_error"
-        )
+        status = HTTPStatus.INTERNAL_SERVER_ERROR
+        info = ErrorInfo(message=str(exc) or type(exc).__name__, type="server_error")
     return status, ErrorResponse(error=info)

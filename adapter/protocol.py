@@ -129,7 +129,9 @@ def check_token_ids(values: Any, *, parameter: str) -> Any:
     if values is None:
         return None
     if not isinstance(values, list):
-        raise InvalidRequestError(f"`{parameter}` must be a list of token ids.", parameter=parameter)
+        raise InvalidRequestError(
+            f"`{parameter}` must be a list of token ids.", parameter=parameter
+        )
     for value in values:
         if type(value) is not int:
             raise InvalidRequestError(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from typing import ClassVar
 
@@ -13,6 +13,7 @@ from adapter.models import OpenAIServingModels
 from adapter.tensors import GenerationParams, TritonOutput
 from adapter.triton_client import Engine, ModelInfo
 from backend.triton_io import (
+    ADD_SPECIAL_TOKENS,
     IGNORE_EOS,
     LOGPROB_TOKEN_IDS,
     MAX_TOKENS,
@@ -25,8 +26,11 @@ from backend.triton_io import (
 )
 
 SSE_DONE = "data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+"""No caching, and no buffering in nginx-style proxies, so each token leaves at once."""
 
 SAMPLING_TENSOR_PARAMS: Mapping[str, str] = {
+    ADD_SPECIAL_TOKENS: "add_special_tokens",
     MAX_TOKENS: "max_tokens",
     TEMPERATURE: "temperature",
     TOP_P: "top_p",
@@ -37,7 +41,7 @@ SAMPLING_TENSOR_PARAMS: Mapping[str, str] = {
     IGNORE_EOS: "ignore_eos",
     LOGPROB_TOKEN_IDS: "logprob_token_ids",
 }
-"""Triton input -> request field, the part both endpoints share."""
+"""Triton input -> request field, for the inputs both endpoints send alike."""
 
 
 def sse_event(payload: BaseModel) -> str:
@@ -84,7 +88,7 @@ class OpenAIServing:
 
     async def outputs(
         self, params: GenerationParams, request_id: str
-    ) -> AsyncIterator[TritonOutput]:
+    ) -> AsyncGenerator[TritonOutput, None]:
         """The model's responses; input it rejects becomes a 400 naming the request field."""
         async with aclosing(self.engine.generate(params, request_id)) as stream:
             try:
@@ -97,12 +101,15 @@ class OpenAIServing:
                 ) from exc
 
     async def collect(self, params: GenerationParams, request_id: str) -> list[TritonOutput]:
-        """All responses of a non-streamed request."""
-        return [output async for output in self.outputs(params, request_id)]
+        """All responses of a non-streamed request, the last one final."""
+        outputs = [output async for output in self.outputs(params, request_id)]
+        if not outputs or not outputs[-1].final:
+            raise EngineError("Triton ended the stream before the final response")
+        return outputs
 
     async def start_stream(
         self, params: GenerationParams, request_id: str
-    ) -> AsyncIterator[TritonOutput]:
+    ) -> AsyncGenerator[TritonOutput, None]:
         """Waits for the first response before the SSE stream starts.
 
         The model answers bad input with an error as its first response; raising it here
@@ -120,10 +127,9 @@ class OpenAIServing:
 
 
 async def _prepend(
-    first: TritonOutput, rest: AsyncIterator[TritonOutput]
-) -> AsyncIterator[TritonOutput]:
-    async with aclosing(rest):  # type: ignore[type-var]
+    first: TritonOutput, rest: AsyncGenerator[TritonOutput, None]
+) -> AsyncGenerator[TritonOutput, None]:
+    async with aclosing(rest):
         yield first
-        if not first.final:
-            async for output in rest:
-                yield output
+        async for output in rest:  # after a final first response: lets the engine end the RPC
+            yield output

@@ -23,13 +23,15 @@ class AdapterSettings(BaseSettings):
         description="Model id of the API (`model` field, /v1/models). Default: the last path "
         "component of the `llm` model's `model_path` config parameter.",
     )
-    ensemble_model: str = Field(
-        default="ensemble", description="Triton model for text prompts and chat messages."
+    preprocessing_model: str = Field(
+        default="preprocessing", description="Triton model that tokenizes text and chat prompts."
     )
     llm_model: str = Field(
-        default="llm", description="Triton model for token-id prompts; holds the config params."
+        default="llm", description="Triton generation model; holds the config parameters."
     )
     triton_timeout_s: float = Field(
         default=5.0, gt=0, description="Deadline of Triton's health and config calls."
     )
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        default="info", description="Log level of the adapter and uvicorn."
+    )

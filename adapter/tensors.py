@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +12,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
 from backend.triton_io import (
+    ADD_SPECIAL_TOKENS,
     COMPLETION_TOKENS,
     FINISH_REASON,
     IGNORE_EOS,
@@ -53,23 +54,25 @@ OUTPUT_NAMES = (
     PROMPT_TOKENS,
     COMPLETION_TOKENS,
 )
-"""Every output of `llm` / `ensemble`; each streamed response carries all of them."""
+"""Every output of `llm`; each streamed response carries all of them."""
 
 
 @dataclass(frozen=True)
 class GenerationParams:
-    """One generation request in the model's terms; `None` / empty leaves the model's default.
+    """One generation request in the models' terms; `None` / empty leaves the model's default.
 
     Exactly one prompt field is set. `logprob_token_ids` holds distinct ids: column j of
     LOGPROB_TOKEN_LOGPROBS is then id j, with no duplicate columns to skip.
     """
 
     text: str | None = None
-    """Completion prompt text (TEXT_INPUT, `ensemble`)."""
+    """Completion prompt text (TEXT_INPUT of `preprocessing`)."""
     messages: tuple[Mapping[str, Any], ...] | None = None
-    """Chat messages, rendered by the chat template inside Triton (MESSAGES, `ensemble`)."""
+    """Chat messages, rendered by the chat template inside Triton (MESSAGES of `preprocessing`)."""
     prompt_ids: tuple[int, ...] | None = None
-    """Token-id prompt (INPUT_IDS, `llm`)."""
+    """Token-id prompt (INPUT_IDS of `llm`)."""
+    add_special_tokens: bool | None = None
+    """Text and chat prompts only (the tokenizer runs inside Triton)."""
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -83,6 +86,11 @@ class GenerationParams:
     """Natural top-k count; set (0 included) to get the sampled token's logprob."""
     logprob_token_ids: tuple[int, ...] = ()
 
+    @property
+    def needs_tokenizing(self) -> bool:
+        """A text or chat prompt: `preprocessing` turns it into INPUT_IDS first."""
+        return self.prompt_ids is None
+
 
 def _scalar(value: float | bool, dtype: type[np.generic]) -> np.ndarray:
     return np.array([value], dtype=dtype)
@@ -92,18 +100,26 @@ def _strings(values: list[str] | tuple[str, ...]) -> np.ndarray:
     return np.array([v.encode("utf-8") for v in values], dtype=np.object_)
 
 
-def build_inputs(params: GenerationParams) -> dict[str, np.ndarray]:
-    """The input arrays of one request, typed as the models' configs declare them."""
-    prompts = [p for p in (params.text, params.messages, params.prompt_ids) if p is not None]
-    if len(prompts) != 1:
-        raise ValueError("GenerationParams needs exactly one of text, messages, prompt_ids")
+def preprocessing_inputs(params: GenerationParams) -> dict[str, np.ndarray]:
+    """The `preprocessing` model's inputs: the text or the chat messages as JSON."""
+    if (params.text is None) == (params.messages is None):
+        raise ValueError("preprocessing needs exactly one of text, messages")
     arrays: dict[str, np.ndarray] = {}
     if params.text is not None:
         arrays[TEXT_INPUT] = _strings([params.text])
-    elif params.messages is not None:
-        arrays[MESSAGES] = _strings([json.dumps(list(params.messages), ensure_ascii=False)])
     else:
-        arrays[INPUT_IDS] = np.array(params.prompt_ids, dtype=np.int32)
+        messages = list(params.messages or ())
+        arrays[MESSAGES] = _strings([json.dumps(messages, ensure_ascii=False)])
+    if params.add_special_tokens is not None:
+        arrays[ADD_SPECIAL_TOKENS] = _scalar(params.add_special_tokens, np.bool_)
+    return arrays
+
+
+def llm_inputs(
+    params: GenerationParams, prompt_ids: Sequence[int] | np.ndarray
+) -> dict[str, np.ndarray]:
+    """The `llm` model's inputs, typed as its config declares them; unset options are left out."""
+    arrays: dict[str, np.ndarray] = {INPUT_IDS: np.asarray(prompt_ids, dtype=np.int32)}
     optional: list[tuple[str, Any, type[np.generic]]] = [
         (MAX_TOKENS, params.max_tokens, np.int32),
         (TEMPERATURE, params.temperature, np.float32),
@@ -129,7 +145,9 @@ def to_infer_inputs(arrays: Mapping[str, np.ndarray]) -> list[grpcclient.InferIn
     """Wraps arrays as gRPC `InferInput`s, the Triton dtype taken from the numpy dtype."""
     inputs = []
     for name, array in arrays.items():
-        infer_input = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        infer_input = grpcclient.InferInput(
+            name, list(array.shape), np_to_triton_dtype(array.dtype)
+        )
         infer_input.set_data_from_numpy(array)
         inputs.append(infer_input)
     return inputs

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+MAX_TOP_K = 20
+"""The logprob kernel's largest natural top-k (OpenAI's `top_logprobs` maximum too)."""
+
 
 def _parameters(model_config: dict[str, Any]) -> dict[str, str]:
     return {
@@ -37,6 +40,10 @@ class LLMConfig:
     """Requests waiting for a slot beyond which new ones get a "server busy" error."""
     max_logprobs: int = 20
     max_logprob_token_ids: int = 1024
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_logprobs <= MAX_TOP_K:
+            raise ValueError(f"max_logprobs must be in [0, {MAX_TOP_K}], got {self.max_logprobs}")
 
     @classmethod
     def from_model_config(cls, model_config: dict[str, Any], model_repository: str) -> LLMConfig:

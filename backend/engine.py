@@ -24,7 +24,7 @@ from backend.model_runner import ModelRunner
 from backend.params import EngineLimits, GenerationParams
 from backend.sampling import RowState, batch_from_rows, sample
 from backend.stopping import LENGTH, STOP, StopStringMatcher, token_stop_reason
-from backend.token_bytes import token_bytes_table
+from backend.token_bytes import special_token_ids, token_bytes_table
 from kernels import gather_logprobs
 from kernels.logprobs import warmup as warmup_kernels
 
@@ -135,7 +135,7 @@ class Engine:
             max_logprob_token_ids=max_logprob_token_ids,
         )
         self.token_bytes = token_bytes_table(runner.tokenizer, runner.vocab_size)
-        self._skip_ids = frozenset(runner.tokenizer.all_special_ids)
+        self._skip_ids = special_token_ids(runner.tokenizer)
         self._on_stats = on_stats
         self.stats = EngineStats()
         self._incoming: queue.Queue[tuple[GenerationParams, OutputSink]] = queue.Queue()

@@ -51,3 +51,10 @@ def token_bytes_table(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> li
         table = [tokenizer.decode([i]).encode() for i in range(n)]
     table.extend(b"" for _ in range(vocab_size - n))
     return table
+
+
+def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """Ids whose text is not returned (skip_special_tokens): the named special tokens and every
+    added token marked special, such as a chat template's role markers."""
+    added = {i for i, token in tokenizer.added_tokens_decoder.items() if token.special}
+    return frozenset(tokenizer.all_special_ids) | added

@@ -1,0 +1,114 @@
+"""`create_app`: the FastAPI application, its lifespan state and its error handlers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from adapter.chat.router import router as chat_router
+from adapter.chat.serving import OpenAIServingChat
+from adapter.completions.router import router as completions_router
+from adapter.completions.serving import OpenAIServingCompletion
+from adapter.errors import (
+    EngineError,
+    EngineUnavailableError,
+    ErrorInfo,
+    ErrorResponse,
+    InvalidRequestError,
+    ModelNotFoundError,
+    error_response,
+)
+from adapter.models import OpenAIServingModels
+from adapter.router import router as common_router
+from adapter.settings import AdapterSettings
+from adapter.triton_client import Engine, TritonEngine
+
+logger = logging.getLogger(__name__)
+
+
+def invalid_request_from(exc: RequestValidationError) -> InvalidRequestError:
+    """The first validation error as a 400: our own rule's message and field if it was one."""
+    first = exc.errors()[0]
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, InvalidRequestError):
+        return cause
+    if first.get("type") == "json_invalid" or isinstance(first.get("input"), bytes):
+        return InvalidRequestError("The request body is not a valid JSON object.")
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    where = ".".join(loc)
+    message = f"{where}: {first['msg']}" if where else str(first["msg"])
+    return InvalidRequestError(message, parameter=loc[0] if loc else None)
+
+
+def _json_error(exc: Exception) -> JSONResponse:
+    status, body = error_response(exc)
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+def register_error_handlers(app: FastAPI) -> None:
+    """Every error leaves as an OpenAI error object; validation errors are 400, not 422."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _json_error(invalid_request_from(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        body = ErrorResponse(
+            error=ErrorInfo(
+                message=str(exc.detail),
+                type="invalid_request_error" if exc.status_code < 500 else "server_error",
+            )
+        )
+        return JSONResponse(body.model_dump(), status_code=exc.status_code)
+
+    async def _expected(_: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, EngineError):
+            logger.error("request failed: %s", exc)
+        return _json_error(exc)
+
+    # Handled here, these end the request normally; left to the `Exception` handler they would
+    # be re-raised to uvicorn, which then drops the keep-alive connection.
+    for kind in (InvalidRequestError, ModelNotFoundError, EngineUnavailableError, EngineError):
+        app.add_exception_handler(kind, _expected)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        """A bug: a 500 error object for the client; Starlette re-raises it to be logged."""
+        return _json_error(exc)
+
+
+def create_app(settings: AdapterSettings | None = None, engine: Engine | None = None) -> FastAPI:
+    """The app; `engine` replaces the Triton connection (unit tests pass a fake)."""
+    settings = settings or AdapterSettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        triton = engine or TritonEngine(
+            settings.triton_url,
+            preprocessing_model=settings.preprocessing_model,
+            llm_model=settings.llm_model,
+            timeout_s=settings.triton_timeout_s,
+        )
+        models = OpenAIServingModels(triton, settings.served_model_name)
+        app.state.engine = triton
+        app.state.models = models
+        app.state.completion_serving = OpenAIServingCompletion(triton, models)
+        app.state.chat_serving = OpenAIServingChat(triton, models)
+        try:
+            yield
+        finally:
+            await triton.close()
+
+    app = FastAPI(title="triton-logprobs OpenAI adapter", lifespan=lifespan)
+    register_error_handlers(app)
+    app.include_router(common_router)
+    app.include_router(completions_router)
+    app.include_router(chat_router)
+    return app

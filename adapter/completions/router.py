@@ -1,0 +1,22 @@
+"""The POST /v1/completions route: validation by the body model, the rest in serving."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from adapter.completions.protocol import CompletionRequest, CompletionResponse
+from adapter.deps import CompletionServingDep
+from adapter.serving import SSE_HEADERS
+
+router = APIRouter()
+
+
+@router.post("/v1/completions", response_model=CompletionResponse)
+async def create_completion(
+    request: CompletionRequest, serving: CompletionServingDep
+) -> JSONResponse | StreamingResponse:
+    result = await serving.create_completion(request)
+    if isinstance(result, CompletionResponse):
+        return JSONResponse(result.model_dump())
+    return StreamingResponse(result, media_type="text/event-stream", headers=SSE_HEADERS)

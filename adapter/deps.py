@@ -1,0 +1,34 @@
+"""FastAPI dependencies: the objects the lifespan put on `app.state`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from adapter.chat.serving import OpenAIServingChat
+from adapter.completions.serving import OpenAIServingCompletion
+from adapter.models import OpenAIServingModels
+from adapter.triton_client import Engine
+
+
+def get_engine(request: Request) -> Engine:
+    return request.app.state.engine
+
+
+def get_models(request: Request) -> OpenAIServingModels:
+    return request.app.state.models
+
+
+def get_completion_serving(request: Request) -> OpenAIServingCompletion:
+    return request.app.state.completion_serving
+
+
+def get_chat_serving(request: Request) -> OpenAIServingChat:
+    return request.app.state.chat_serving
+
+
+EngineDep = Annotated[Engine, Depends(get_engine)]
+ModelsDep = Annotated[OpenAIServingModels, Depends(get_models)]
+CompletionServingDep = Annotated[OpenAIServingCompletion, Depends(get_completion_serving)]
+ChatServingDep = Annotated[OpenAIServingChat, Depends(get_chat_serving)]

@@ -1,0 +1,36 @@
+"""GET /health, /health/ready, /v1/models and /v1/models/{id}."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from adapter.deps import EngineDep, ModelsDep
+from adapter.errors import EngineUnavailableError
+from adapter.protocol import ModelCard, ModelList
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    """The adapter process answers; says nothing about Triton."""
+    return {"status": "ok"}
+
+
+@router.get("/health/ready")
+async def ready(engine: EngineDep) -> dict[str, str]:
+    """Triton and both models are ready (503 otherwise); also caches the model's limits."""
+    if not await engine.is_ready():
+        raise EngineUnavailableError("Triton or its models are not ready.")
+    await engine.model_info()
+    return {"status": "ready"}
+
+
+@router.get("/v1/models")
+async def list_models(models: ModelsDep) -> ModelList:
+    return await models.list_models()
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, models: ModelsDep) -> ModelCard:
+    return await models.model_card(model_id)

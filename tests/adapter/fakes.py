@@ -1,0 +1,111 @@
+"""A fake of the engine seam (`adapter.triton_client.Engine`) and Triton response arrays."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from adapter.errors import EngineUnavailableError
+from adapter.tensors import GenerationParams, TritonOutput
+from adapter.triton_client import ModelInfo
+from backend import triton_io as io
+
+Token = tuple[int, bytes, float]
+
+
+def response_arrays(
+    tokens: Sequence[Token] = (),
+    text: str | None = None,
+    *,
+    logprobs: bool = True,
+    top: Sequence[Sequence[Token]] | None = None,
+    requested: Sequence[Sequence[float]] | None = None,
+    requested_bytes: Sequence[bytes] = (),
+    finish_reason: str = "",
+    prompt_tokens: int = 3,
+    completion_tokens: int = 0,
+) -> dict[str, np.ndarray]:
+    """The arrays of one streamed response, shaped as the model sends them.
+
+    `text` defaults to the tokens' bytes joined; `top` holds k (id, bytes, logprob) per
+    position; `requested` the M logprobs of the requested ids per position.
+    """
+    n = len(tokens)
+    k = len(top[0]) if top else 0
+    m = len(requested[0]) if requested else 0
+    top = top or [[] for _ in range(n)]
+    joined = b"".join(t[1] for t in tokens).decode("utf-8", errors="replace")
+    return {
+        io.OUTPUT_IDS: np.array([t[0] for t in tokens], dtype=np.int32),
+        io.TEXT_OUTPUT: np.array([(joined if text is None else text).encode()], dtype=np.object_),
+        io.OUTPUT_TOKEN_BYTES: np.array([t[1] for t in tokens], dtype=np.object_),
+        io.OUTPUT_LOGPROBS: np.array([t[2] for t in tokens] if logprobs else [], np.float32),
+        io.TOP_LOGPROB_IDS: np.array([[e[0] for e in row] for row in top], np.int32).reshape(n, k),
+        io.TOP_LOGPROBS: np.array([[e[2] for e in row] for row in top], np.float32).reshape(n, k),
+        io.TOP_LOGPROB_TOKEN_BYTES: np.array(
+            [[e[1] for e in row] for row in top], dtype=np.object_
+        ).reshape(n, k),
+        io.LOGPROB_TOKEN_LOGPROBS: np.array(requested or [], np.float32).reshape(n, m),
+        io.LOGPROB_TOKEN_BYTES: np.array(list(requested_bytes), dtype=np.object_),
+        io.FINISH_REASON: np.array([finish_reason.encode()], dtype=np.object_),
+        io.PROMPT_TOKENS: np.array([prompt_tokens], dtype=np.int32),
+        io.COMPLETION_TOKENS: np.array([completion_tokens], dtype=np.int32),
+    }
+
+
+def output(**kwargs: Any) -> TritonOutput:
+    """A `TritonOutput` parsed from `response_arrays(**kwargs)`; final when it has a reason."""
+    arrays = response_arrays(**kwargs)
+    return TritonOutput.from_arrays(arrays, final=bool(kwargs.get("finish_reason")))
+
+
+@dataclass
+class FakeEngine:
+    """Plays `script` for every request: outputs are yielded, exceptions raised.
+
+    An `asyncio.Event` in the script blocks the stream until set, which lets tests cancel a
+    request in flight; `closed` counts streams that were closed (normally or not).
+    """
+
+    script: list[TritonOutput | BaseException | asyncio.Event] = field(default_factory=list)
+    info: ModelInfo = field(
+        default_factory=lambda: ModelInfo(
+            max_model_len=64, max_logprobs=5, max_logprob_token_ids=8, model_path="/models/tiny"
+        )
+    )
+    ready: bool = True
+    reachable: bool = True
+    requests: list[tuple[GenerationParams, str]] = field(default_factory=list)
+    closed: int = 0
+    finished: int = 0
+
+    async def is_ready(self) -> bool:
+        return self.ready
+
+    async def model_info(self) -> ModelInfo:
+        if not self.reachable:
+            raise EngineUnavailableError("Triton is not reachable: connection refused")
+        return self.info
+
+    async def generate(
+        self, params: GenerationParams, request_id: str
+    ) -> AsyncGenerator[TritonOutput, None]:
+        self.requests.append((params, request_id))
+        try:
+            for item in self.script:
+                if isinstance(item, asyncio.Event):
+                    await item.wait()
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+            self.finished += 1
+        finally:
+            self.closed += 1
+
+    async def close(self) -> None:
+        pass

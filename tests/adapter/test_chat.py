@@ -1,0 +1,234 @@
+"""/v1/chat/completions formatting and streaming against a fake engine."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fastapi.testclient import TestClient
+
+from adapter.chat.protocol import ChatCompletionRequest
+from adapter.chat.serving import OpenAIServingChat
+from adapter.errors import EngineError, TritonInputError
+from adapter.models import OpenAIServingModels
+from backend import triton_io as io
+from tests.adapter.fakes import FakeEngine, output
+from tests.adapter.sse import sse_payloads
+
+URL = "/v1/chat/completions"
+MESSAGES = [{"role": "user", "content": "Hi"}]
+
+TOP_SCRIPT = [
+    output(
+        tokens=[(10, b"\xc3", -0.5)],
+        text="",
+        top=[[(11, b"A", -0.25), (10, b"\xc3", -0.5)]],
+        completion_tokens=1,
+    ),
+    output(
+        tokens=[(12, b"\xa9", -0.125)],
+        text="é",
+        top=[[(12, b"\xa9", -0.125), (14, b"B", -3.0)]],
+        finish_reason="stop",
+        prompt_tokens=6,
+        completion_tokens=2,
+    ),
+]
+
+# Requested ids [5, 7, 5] reach the model as the distinct (5, 7).
+EXPLICIT_SCRIPT = [
+    output(
+        tokens=[(7, b"yes", -0.25)],
+        requested=[[-2.0, -0.25]],
+        requested_bytes=[b"no", b"yes"],
+        completion_tokens=1,
+    ),
+    output(
+        tokens=[(9, b".", -0.5)],
+        requested=[[-4.0, -9999.0]],
+        finish_reason="length",
+        completion_tokens=2,
+    ),
+]
+
+
+def entry(token: str, logprob: float, raw: bytes) -> dict:
+    return {"token": token, "logprob": logprob, "bytes": list(raw)}
+
+
+def test_top_logprobs_with_real_bytes(engine: FakeEngine, client: TestClient) -> None:
+    engine.script = TOP_SCRIPT
+    body = {"model": "tiny", "messages": MESSAGES, "logprobs": True, "top_logprobs": 2}
+    response = client.post(URL, json=body)
+    assert response.status_code == 200, response.text
+    result = response.json()
+    assert result["object"] == "chat.completion"
+    choice = result["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "é"}
+    assert choice["finish_reason"] == "stop"
+    assert result["usage"] == {"prompt_tokens": 6, "completion_tokens": 2, "total_tokens": 8}
+    assert choice["logprobs"]["content"] == [
+        {
+            **entry("\ufffd", -0.5, b"\xc3"),  # half of "é": the bytes say which half
+            "top_logprobs": [entry("A", -0.25, b"A"), entry("\ufffd", -0.5, b"\xc3")],
+        },
+        {
+            **entry("\ufffd", -0.125, b"\xa9"),
+            "top_logprobs": [entry("\ufffd", -0.125, b"\xa9"), entry("B", -3.0, b"B")],
+        },
+    ]
+    params, _ = engine.requests[0]
+    assert params.messages == ({"role": "user", "content": "Hi"},)
+    assert params.logprobs == 2
+    assert params.max_tokens == 64  # the fake's context: chat has no default limit
+
+
+def test_logprobs_without_top_logprobs(engine: FakeEngine, client: TestClient) -> None:
+    engine.script = [  # LOGPROBS = 0: k = 0 alternatives
+        output(tokens=[(10, b"a", -0.5)], completion_tokens=1),
+        output(tokens=[(11, b"b", -0.25)], finish_reason="stop", completion_tokens=2),
+    ]
+    response = client.post(URL, json={"model": "tiny", "messages": MESSAGES, "logprobs": True})
+    content = response.json()["choices"][0]["logprobs"]["content"]
+    assert [c["top_logprobs"] for c in content] == [[], []]
+    assert engine.requests[0][0].logprobs == 0
+
+
+def test_explicit_ids_sampled_first_without_duplicates(
+    engine: FakeEngine, client: TestClient
+) -> None:
+    engine.script = EXPLICIT_SCRIPT
+    body = {
+        "model": "tiny",
+        "messages": MESSAGES,
+        "logprobs": True,
+        "top_logprobs": 3,
+        "logprob_token_ids": [5, 7, 5],
+    }
+    response = client.post(URL, json=body)
+    assert response.status_code == 200, response.text
+    content = response.json()["choices"][0]["logprobs"]["content"]
+    assert [[t["token"] for t in c["top_logprobs"]] for c in content] == [
+        ["yes", "no"],  # the sampled id 7 is requested too: once, first
+        [".", "no", "yes"],
+    ]
+    assert content[1]["top_logprobs"][2] == entry("yes", -9999.0, b"yes")
+    params, _ = engine.requests[0]
+    assert (params.logprob_token_ids, params.logprobs) == ((5, 7), 0)
+
+
+def test_tokens_as_token_ids(engine: FakeEngine, client: TestClient) -> None:
+    engine.script = EXPLICIT_SCRIPT
+    body = {
+        "model": "tiny",
+        "messages": MESSAGES,
+        "logprobs": True,
+        "logprob_token_ids": [5],
+        "return_tokens_as_token_ids": True,
+    }
+    engine.script = [
+        output(
+            tokens=[(7, b"yes", -0.25)],
+            requested=[[-2.0]],
+            requested_bytes=[b"no"],
+            finish_reason="stop",
+            completion_tokens=1,
+        )
+    ]
+    content = client.post(URL, json=body).json()["choices"][0]["logprobs"]["content"]
+    assert content == [
+        {
+            **entry("token_id:7", -0.25, b"yes"),
+            "top_logprobs": [entry("token_id:7", -0.25, b"yes"), entry("token_id:5", -2.0, b"no")],
+        }
+    ]
+
+
+def stream(client: TestClient, **fields: object) -> list:
+    body = {"model": "tiny", "messages": MESSAGES, "stream": True, **fields}
+    with client.stream("POST", URL, json=body) as response:
+        assert response.status_code == 200
+        return sse_payloads(response.read().decode())
+
+
+def test_stream_role_first_then_deltas(engine: FakeEngine, client: TestClient) -> None:
+    engine.script = EXPLICIT_SCRIPT
+    body = {"logprobs": True, "logprob_token_ids": [5, 7]}
+    full = client.post(URL, json={"model": "tiny", "messages": MESSAGES, **body}).json()
+    events = stream(client, **body, stream_options={"include_usage": True})
+    assert events[-1] == "[DONE]"
+    role, *chunks, usage = events[:-1]
+    assert role["object"] == "chat.completion.chunk"
+    assert role["choices"] == [
+        {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+    ]
+    choices = [c["choices"][0] for c in chunks]
+    assert [c["delta"] for c in choices] == [{"content": "yes"}, {"content": "."}]
+    assert [c["finish_reason"] for c in choices] == [None, "length"]
+    joined = [e for c in choices for e in c["logprobs"]["content"]]
+    assert joined == full["choices"][0]["logprobs"]["content"]
+    assert usage["choices"] == []
+    assert usage["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+
+
+def test_stream_token_without_text_still_carries_logprobs(
+    engine: FakeEngine, client: TestClient
+) -> None:
+    engine.script = TOP_SCRIPT
+    events = stream(client, logprobs=True)
+    first = events[1]["choices"][0]
+    assert first["delta"] == {"content": ""}
+    assert [e["bytes"] for e in first["logprobs"]["content"]] == [[0xC3]]
+
+
+def test_final_response_without_tokens_closes_with_empty_delta(
+    engine: FakeEngine, client: TestClient
+) -> None:
+    engine.script = [
+        output(tokens=[(1, b"a", -0.5)], completion_tokens=1),
+        output(finish_reason="stop", completion_tokens=1),
+    ]
+    chunks = stream(client)[1:-1]
+    assert [c["choices"][0]["delta"] for c in chunks] == [{"content": "a"}, {}]
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, "stop"]
+
+
+def test_error_mid_stream_is_an_error_event_then_done(
+    engine: FakeEngine, client: TestClient
+) -> None:
+    engine.script = [EXPLICIT_SCRIPT[0], EngineError("boom")]
+    events = stream(client)
+    assert [type(e).__name__ for e in events] == ["dict", "dict", "dict", "str"]
+    assert events[2]["error"]["message"] == "boom"
+    assert events[2]["error"]["type"] == "server_error"
+    assert all(c["choices"][0]["finish_reason"] is None for c in events[:2])
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_too_long_chat_prompt_names_messages(
+    engine: FakeEngine, client: TestClient, streamed: bool
+) -> None:
+    engine.script = [
+        TritonInputError(io.INPUT_IDS, "the prompt has 300 tokens, the context holds 256")
+    ]
+    response = client.post(URL, json={"model": "tiny", "messages": MESSAGES, "stream": streamed})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "messages"
+
+
+async def test_cancelling_the_stream_closes_the_triton_request() -> None:
+    gate = asyncio.Event()
+    engine = FakeEngine(script=[EXPLICIT_SCRIPT[0], gate, EXPLICIT_SCRIPT[1]])
+    serving = OpenAIServingChat(engine, OpenAIServingModels(engine, None))
+    lines = await serving.create_chat_completion(
+        ChatCompletionRequest(messages=MESSAGES, stream=True)
+    )
+    assert '"role":"assistant"' in await anext(lines)
+    assert '"content":"yes"' in await anext(lines)
+    await lines.aclose()
+    assert (engine.closed, engine.finished) == (1, 0)

@@ -1,0 +1,270 @@
+"""Request validation: every rule's 400 (message and `param`), and request -> params."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from fastapi.testclient import TestClient
+
+from adapter.chat.protocol import ChatCompletionRequest
+from adapter.completions.protocol import CompletionRequest
+from adapter.protocol import INT32_MAX
+from tests.adapter.fakes import FakeEngine, output
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MESSAGES = [{"role": "user", "content": "Hello"}]
+
+
+def completion(**fields: object) -> dict[str, object]:
+    return {"model": "tiny", "prompt": "Hello", **fields}
+
+
+def chat(**fields: object) -> dict[str, object]:
+    return {"model": "tiny", "messages": MESSAGES, **fields}
+
+
+@pytest.fixture(autouse=True)
+def _one_token(engine: FakeEngine) -> None:
+    engine.script = [
+        output(
+            tokens=[(7, b"!", -0.5)],
+            requested=[[-1.0, -2.0]],
+            requested_bytes=[b"a", b"b"],
+            finish_reason="length",
+            completion_tokens=1,
+        )
+    ]
+
+
+def assert_400(client: TestClient, path: str, body: dict, param: str | None, message: str) -> None:
+    response = client.post(path, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert message in error["message"]
+
+
+LOGPROB_TOKEN_IDS_CASES = [
+    (COMPLETIONS, completion(logprobs=0, logprob_token_ids=[]), "must not be empty"),
+    (COMPLETIONS, completion(logprob_token_ids=[1]), "requires `logprobs` (0 allowed)"),
+    (
+        COMPLETIONS,
+        completion(logprobs=0, logprob_token_ids=[1], echo=True, max_tokens=0),
+        "`echo: true` and `max_tokens: 0`",
+    ),
+    (COMPLETIONS, completion(logprobs=0, logprob_token_ids=[1], use_beam_search=True), "beam"),
+    (COMPLETIONS, completion(logprobs=0, logprob_token_ids=[1, 2.5]), "integer token ids, got 2.5"),
+    (COMPLETIONS, completion(logprobs=0, logprob_token_ids=["3"]), "integer token ids, got '3'"),
+    (COMPLETIONS, completion(logprobs=0, logprob_token_ids=[True]), "integer token ids, got True"),
+    (COMPLETIONS, completion(logprobs=0, logprob_token_ids=[-1]), "id -1 is outside the vocab"),
+    (COMPLETIONS, completion(logprobs=0, logprob_token_ids=[2**31]), "outside the vocabulary"),
+    (COMPLETIONS, completion(logprobs=0, logprob_token_ids=7), "must be a list of token ids"),
+    (COMPLETIONS, completion(logprobs=0, logprob_token_ids=list(range(9))), "at most 8"),
+    (CHAT, chat(logprob_token_ids=[1]), "requires `logprobs: true`"),
+    (CHAT, chat(logprobs=False, logprob_token_ids=[1]), "requires `logprobs: true`"),
+    (CHAT, chat(logprobs=True, logprob_token_ids=[]), "must not be empty"),
+    (CHAT, chat(logprobs=True, logprob_token_ids=[1], use_beam_search=True), "beam search"),
+    (CHAT, chat(logprobs=True, logprob_token_ids=[0.5]), "integer token ids"),
+    (CHAT, chat(logprobs=True, logprob_token_ids=list(range(9))), "9 ids; at most 8"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "message"), LOGPROB_TOKEN_IDS_CASES)
+def test_logprob_token_ids_rules(client: TestClient, path: str, body: dict, message: str) -> None:
+    assert_400(client, path, body, "logprob_token_ids", message)
+
+
+STANDARD_CASES = [
+    (COMPLETIONS, completion(logprobs=6), "logprobs", "must be at most 5 (got 6)"),
+    (COMPLETIONS, completion(logprobs=-1), "logprobs", "greater than or equal to 0"),
+    (COMPLETIONS, completion(max_tokens=-1), "max_tokens", "greater than or equal to 0"),
+    (COMPLETIONS, completion(prompt=["a", "b"]), "prompt", "holds 2 prompts"),
+    (COMPLETIONS, completion(prompt=[[1], [2]]), "prompt", "holds 2 prompts"),
+    (COMPLETIONS, completion(prompt=[]), "prompt", "must not be empty"),
+    (COMPLETIONS, completion(prompt=[1, "a"]), "prompt", "integer token ids"),
+    (COMPLETIONS, completion(prompt={"a": 1}), "prompt", "a string or a list of token ids"),
+    (COMPLETIONS, completion(temperature=-0.5), "temperature", "greater than or equal to 0"),
+    (COMPLETIONS, completion(top_p=0), "top_p", "greater than 0"),
+    (COMPLETIONS, completion(stop=["x", ""]), "stop", "must not be empty"),
+    (COMPLETIONS, completion(stream_options={"include_usage": True}), "stream_options", "stream"),
+    (CHAT, chat(top_logprobs=2), "top_logprobs", "requires `logprobs: true`"),
+    (CHAT, chat(logprobs=True, top_logprobs=6), "top_logprobs", "must be at most 5 (got 6)"),
+    (CHAT, chat(max_completion_tokens=-1), "max_completion_tokens", "greater than or equal"),
+    (CHAT, chat(max_tokens=-3), "max_tokens", "greater than or equal to 0"),
+    (CHAT, chat(messages=[]), "messages", "at least 1 item"),
+    (CHAT, chat(messages=[{"role": "tool", "content": "x"}]), "messages", "role `tool`"),
+    (
+        CHAT,
+        chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+        "messages",
+        "Only text content parts",
+    ),
+    (CHAT, chat(messages=[{"content": "x"}]), "messages", "messages.0.role: Field required"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param", "message"), STANDARD_CASES)
+def test_standard_rules(
+    client: TestClient, path: str, body: dict, param: str, message: str
+) -> None:
+    assert_400(client, path, body, param, message)
+
+
+UNSUPPORTED_CASES = [
+    (COMPLETIONS, completion(n=2), "n"),
+    (COMPLETIONS, completion(best_of=2), "best_of"),
+    (COMPLETIONS, completion(echo=True), "echo"),
+    (COMPLETIONS, completion(logit_bias={"5": 10}), "logit_bias"),
+    (COMPLETIONS, completion(presence_penalty=0.5), "presence_penalty"),
+    (COMPLETIONS, completion(frequency_penalty=-1), "frequency_penalty"),
+    (COMPLETIONS, completion(suffix="!"), "suffix"),
+    (COMPLETIONS, completion(use_beam_search=True), "use_beam_search"),
+    (COMPLETIONS, completion(min_p=0.1), "min_p"),
+    (COMPLETIONS, completion(repetition_penalty=1.2), "repetition_penalty"),
+    (COMPLETIONS, completion(guided_json={"type": "object"}), "guided_json"),
+    (CHAT, chat(n=3), "n"),
+    (CHAT, chat(logit_bias={"5": 1}), "logit_bias"),
+    (CHAT, chat(presence_penalty=1), "presence_penalty"),
+    (CHAT, chat(frequency_penalty=1), "frequency_penalty"),
+    (CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+    (CHAT, chat(functions=[{"name": "f"}]), "functions"),
+    (CHAT, chat(tool_choice="auto"), "tool_choice"),
+    (CHAT, chat(response_format={"type": "json_object"}), "response_format"),
+    (CHAT, chat(echo=True), "echo"),
+    (CHAT, chat(add_generation_prompt=False), "add_generation_prompt"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), UNSUPPORTED_CASES)
+def test_unsupported_fields_are_rejected(
+    client: TestClient, path: str, body: dict, param: str
+) -> None:
+    assert_400(client, path, body, param, f"`{param}` is not supported by this server")
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (COMPLETIONS, completion(n=1, best_of=1, echo=False, logit_bias={}, presence_penalty=0)),
+        (COMPLETIONS, completion(logprobs=0, logprob_token_ids=[3, 4], user="u", seed=3)),
+        (COMPLETIONS, completion(prompt=["one prompt in a batch"], min_p=0)),
+        (COMPLETIONS, completion(prompt=[[1, 2, 3]], skip_special_tokens=True)),
+        (CHAT, chat(tools=[], tool_choice="none", response_format={"type": "text"})),
+        (CHAT, chat(logprobs=True, top_logprobs=0, metadata={"k": "v"}, store=False)),
+        (CHAT, chat(logprobs=True, top_logprobs=5, logprob_token_ids=[1, 2])),
+    ],
+)
+def test_neutral_values_are_accepted(client: TestClient, path: str, body: dict) -> None:
+    response = client.post(path, json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_unknown_harmless_fields_are_accepted_and_logged(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="adapter.protocol"):
+        response = client.post(COMPLETIONS, json=completion(brand_new_field=1))
+    assert response.status_code == 200
+    assert "ignoring unknown fields ['brand_new_field']" in caplog.text
+
+
+def test_invalid_json_is_400(client: TestClient) -> None:
+    response = client.post(
+        COMPLETIONS, content=b'{"prompt": ', headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == "The request body is not a valid JSON object."
+
+
+def test_missing_prompt_names_it(client: TestClient) -> None:
+    assert_400(client, COMPLETIONS, {"model": "tiny"}, "prompt", "prompt: Field required")
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+def test_unknown_model_is_404(client: TestClient, path: str) -> None:
+    body = completion(model="gpt-4") if path == COMPLETIONS else chat(model="gpt-4")
+    response = client.post(path, json=body)
+    assert response.status_code == 404
+    assert response.json()["error"] == {
+        "message": "The model `gpt-4` does not exist.",
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }
+
+
+def test_completion_request_to_generation_params() -> None:
+    params = CompletionRequest(
+        prompt=[[5, 6, 7]], logprobs=3, logprob_token_ids=[9, 4, 9, 2], top_k=-1, stop="\n"
+    ).to_generation_params()
+    assert params.prompt_ids == (5, 6, 7)
+    assert params.text is None
+    assert params.max_tokens == 16  # OpenAI's completions default
+    assert params.top_k == 0
+    assert params.stop == ("\n",)
+    assert params.logprobs == 0  # the natural top-k is not computed when ids are explicit
+    assert params.logprob_token_ids == (9, 4, 2)
+
+    text = CompletionRequest(
+        prompt="Hi",
+        max_tokens=3,
+        temperature=0,
+        top_p=0.5,
+        top_k=4,
+        seed=11,
+        ignore_eos=True,
+        stop=["a", "b"],
+        stop_token_ids=[2],
+        logprobs=2,
+        add_special_tokens=False,
+    ).to_generation_params()
+    assert (text.text, text.prompt_ids, text.max_tokens) == ("Hi", None, 3)
+    assert (text.temperature, text.top_p, text.top_k, text.seed) == (0, 0.5, 4, 11)
+    assert (text.ignore_eos, text.stop, text.stop_token_ids) == (True, ("a", "b"), (2,))
+    assert (text.logprobs, text.logprob_token_ids, text.add_special_tokens) == (2, (), False)
+    assert CompletionRequest(prompt="Hi").to_generation_params().logprobs is None
+
+
+def test_chat_request_to_generation_params() -> None:
+    request = ChatCompletionRequest(
+        messages=[
+            {"role": "system", "content": "Be brief."},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            },
+            {"role": "assistant", "content": None, "name": "bot"},
+        ],
+        max_tokens=9,
+        max_completion_tokens=4,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    params = request.to_generation_params(max_model_len=256)
+    assert params.messages == (
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "a\nb"},
+        {"role": "assistant", "content": "", "name": "bot"},
+    )
+    assert params.max_tokens == 4  # max_completion_tokens wins
+    assert params.logprobs == 3
+
+    plain = ChatCompletionRequest(messages=MESSAGES)
+    assert plain.to_generation_params(max_model_len=256).max_tokens == 256
+    assert plain.to_generation_params(max_model_len=None).max_tokens == INT32_MAX
+    assert plain.to_generation_params(max_model_len=256).logprobs is None
+
+    explicit = ChatCompletionRequest(
+        messages=MESSAGES, logprobs=True, top_logprobs=5, logprob_token_ids=[3, 3, 1]
+    ).to_generation_params(max_model_len=256)
+    assert (explicit.logprobs, explicit.logprob_token_ids) == (0, (3, 1))
+    assert (
+        ChatCompletionRequest(messages=MESSAGES, logprobs=True)
+        .to_generation_params(max_model_len=256)
+        .logprobs
+        == 0
+    )

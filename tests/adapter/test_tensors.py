@@ -1,0 +1,135 @@
+"""Params -> input arrays / InferInputs, and response arrays -> TritonOutput."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from adapter.tensors import (
+    GenerationParams,
+    TritonOutput,
+    llm_inputs,
+    preprocessing_inputs,
+    to_infer_inputs,
+)
+from backend import triton_io as io
+from tests.adapter.fakes import response_arrays
+
+
+def test_llm_inputs_with_every_option() -> None:
+    params = GenerationParams(
+        text="ignored here",
+        max_tokens=7,
+        temperature=0.5,
+        top_p=0.9,
+        top_k=3,
+        seed=2**40,
+        stop=("\n", "END"),
+        stop_token_ids=(2, 3),
+        ignore_eos=True,
+        logprobs=4,
+        logprob_token_ids=(10, 11),
+    )
+    arrays = llm_inputs(params, np.array([5, 6], dtype=np.int32))
+    expected = {
+        io.INPUT_IDS: (np.int32, [5, 6]),
+        io.MAX_TOKENS: (np.int32, [7]),
+        io.TEMPERATURE: (np.float32, [0.5]),
+        io.TOP_P: (np.float32, [np.float32(0.9)]),
+        io.TOP_K: (np.int32, [3]),
+        io.SEED: (np.int64, [2**40]),
+        io.STOP: (np.object_, [b"\n", b"END"]),
+        io.STOP_TOKEN_IDS: (np.int32, [2, 3]),
+        io.IGNORE_EOS: (np.bool_, [True]),
+        io.LOGPROBS: (np.int32, [4]),
+        io.LOGPROB_TOKEN_IDS: (np.int32, [10, 11]),
+    }
+    assert arrays.keys() == expected.keys()
+    for name, (dtype, values) in expected.items():
+        assert arrays[name].dtype == dtype, name
+        assert arrays[name].tolist() == values, name
+
+
+def test_defaults_are_left_to_the_model() -> None:
+    assert llm_inputs(GenerationParams(prompt_ids=(1, 2)), (1, 2)).keys() == {io.INPUT_IDS}
+    arrays = llm_inputs(GenerationParams(prompt_ids=(1,), logprobs=0), (1,))
+    assert arrays[io.LOGPROBS].tolist() == [0]  # 0 still asks for the sampled token's logprob
+
+
+def test_preprocessing_inputs_for_text_and_messages() -> None:
+    text = preprocessing_inputs(GenerationParams(text="Grüße", add_special_tokens=False))
+    assert text[io.TEXT_INPUT].tolist() == ["Grüße".encode()]
+    assert text[io.ADD_SPECIAL_TOKENS].dtype == np.bool_
+    assert text[io.ADD_SPECIAL_TOKENS].tolist() == [False]
+
+    messages = ({"role": "user", "content": "¿Qué?"},)
+    chat = preprocessing_inputs(GenerationParams(messages=messages))
+    assert chat.keys() == {io.MESSAGES}
+    assert chat[io.MESSAGES].shape == (1,)
+    assert json.loads(chat[io.MESSAGES][0].decode()) == [{"role": "user", "content": "¿Qué?"}]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        GenerationParams(prompt_ids=(1,)),
+        GenerationParams(text="a", messages=({"role": "user", "content": "b"},)),
+    ],
+)
+def test_preprocessing_needs_exactly_one_text_prompt(params: GenerationParams) -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        preprocessing_inputs(params)
+
+
+def test_infer_inputs_carry_triton_dtypes() -> None:
+    params = GenerationParams(seed=1, temperature=0.0, ignore_eos=False, logprob_token_ids=(4,))
+    arrays = {**preprocessing_inputs(GenerationParams(text="x")), **llm_inputs(params, (1,))}
+    inputs = {i.name(): i for i in to_infer_inputs(arrays)}
+    assert {name: i.datatype() for name, i in inputs.items()} == {
+        io.TEXT_INPUT: "BYTES",
+        io.INPUT_IDS: "INT32",
+        io.SEED: "INT64",
+        io.TEMPERATURE: "FP32",
+        io.IGNORE_EOS: "BOOL",
+        io.LOGPROB_TOKEN_IDS: "INT32",
+    }
+    assert inputs[io.LOGPROB_TOKEN_IDS].shape() == [1]
+
+
+def test_output_from_arrays() -> None:
+    arrays = response_arrays(
+        [(5, b"\xe2\x82", -0.25), (6, b"\xac", -1.5)],
+        text="€",
+        top=[[(5, b"\xe2\x82", -0.25), (9, b"x", -2.0)], [(6, b"\xac", -1.5), (1, b"", -3.0)]],
+        requested=[[-4.0], [-9999.0]],
+        requested_bytes=[b"q"],
+        finish_reason="stop",
+        prompt_tokens=4,
+        completion_tokens=2,
+    )
+    out = TritonOutput.from_arrays(arrays, final=True)
+    assert out.output_ids == [5, 6]
+    assert out.text == "€"
+    assert out.token_bytes == [b"\xe2\x82", b"\xac"]
+    assert out.logprobs == [-0.25, -1.5]
+    assert out.top_ids == [[5, 9], [6, 1]]
+    assert out.top_logprobs == [[-0.25, -2.0], [-1.5, -3.0]]
+    assert out.top_token_bytes == [[b"\xe2\x82", b"x"], [b"\xac", b""]]
+    assert out.requested_logprobs == [[-4.0], [-9999.0]]
+    assert out.requested_token_bytes == [b"q"]
+    assert (out.finish_reason, out.prompt_tokens, out.completion_tokens, out.final) == (
+        "stop",
+        4,
+        2,
+        True,
+    )
+
+
+def test_output_not_final_and_empty() -> None:
+    out = TritonOutput.from_arrays(response_arrays([], text="", logprobs=False), final=False)
+    assert (out.output_ids, out.text, out.logprobs, out.top_ids) == ([], "", [], [])
+    assert out.finish_reason is None  # "" until the final response
+    missing = TritonOutput.from_arrays({}, final=False)
+    assert (missing.output_ids, missing.text, missing.prompt_tokens) == ([], "", 0)

@@ -1,0 +1,243 @@
+"""The engine seam against a fake gRPC client: final flag, errors, cancellation, config."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from adapter.errors import EngineError, EngineUnavailableError, TritonInputError
+from adapter.tensors import GenerationParams
+from adapter.triton_client import ModelInfo, TritonEngine, error_from_triton
+from backend import triton_io as io
+from tests.adapter.fakes import response_arrays
+
+
+class FakeResult:
+    """The part of `tritonclient.grpc.InferResult` the engine reads."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], final: bool) -> None:
+        self._arrays = arrays
+        flag = SimpleNamespace(bool_param=final)
+        self._response = SimpleNamespace(parameters={"triton_final_response": flag})
+
+    def as_numpy(self, name: str) -> np.ndarray | None:
+        return self._arrays.get(name)
+
+    def get_response(self) -> Any:
+        return self._response
+
+
+class FakeCall:
+    """A `stream_infer` response iterator: plays (result, error) pairs, records cancel()."""
+
+    def __init__(self, items: list[Any], gate: asyncio.Event | None = None) -> None:
+        self._items = list(items)
+        self._gate = gate
+        self.cancelled = False
+
+    def __aiter__(self) -> FakeCall:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._gate is not None and len(self._items) == 1:
+            await self._gate.wait()
+        if not self._items:
+            raise StopAsyncIteration
+        return self._items.pop(0)
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
+class FakeClient:
+    """`stream_infer` plays `call`; `infer` (preprocessing) returns `prompt_ids` or raises."""
+
+    def __init__(self, call: FakeCall, prompt_ids: tuple[int, ...] | Exception = (1, 2, 3)) -> None:
+        self.call = call
+        self.prompt_ids = prompt_ids
+        self.requests: list[dict[str, Any]] = []
+        self.tokenized: list[tuple[str, list[str]]] = []
+
+    async def infer(self, model: str, inputs: list[Any], request_id: str) -> FakeResult:
+        self.tokenized.append((model, [i.name() for i in inputs]))
+        if isinstance(self.prompt_ids, Exception):
+            raise self.prompt_ids
+        return FakeResult({io.INPUT_IDS: np.array(self.prompt_ids, np.int32)}, final=True)
+
+    def stream_infer(self, inputs_iterator: AsyncIterator[dict[str, Any]]) -> FakeCall:
+        async def first() -> None:
+            self.requests.append(await anext(inputs_iterator))
+
+        self._task = asyncio.ensure_future(first())
+        return self.call
+
+    async def get_model_config(self, model: str, client_timeout: float) -> Any:
+        parameters = {
+            "max_model_len": SimpleNamespace(string_value="0"),
+            "max_logprobs": SimpleNamespace(string_value="7"),
+            "model_path": SimpleNamespace(string_value="/cache/models/tiny-llama/"),
+        }
+        return SimpleNamespace(config=SimpleNamespace(parameters=parameters))
+
+
+def token(i: int, final: bool = False) -> tuple[FakeResult, None]:
+    arrays = response_arrays(
+        [(i, b"t", -0.5)], finish_reason="length" if final else "", completion_tokens=i
+    )
+    return FakeResult(arrays, final), None
+
+
+def engine_with(call: FakeCall, **kwargs: Any) -> tuple[TritonEngine, FakeClient]:
+    client = FakeClient(call, **kwargs)
+    return TritonEngine("unused:1", client=client), client  # type: ignore[arg-type]
+
+
+async def test_stream_ends_at_the_final_response() -> None:
+    call = FakeCall([token(1), token(2, final=True)])
+    engine, client = engine_with(call)
+    outputs = [o async for o in engine.generate(GenerationParams(text="hi"), "req-1")]
+    assert [(o.output_ids, o.final, o.finish_reason) for o in outputs] == [
+        ([1], False, None),
+        ([2], True, "length"),
+    ]
+    assert not call.cancelled  # a finished request is not cancelled
+    assert client.tokenized == [("preprocessing", [io.TEXT_INPUT])]
+    request = client.requests[0]
+    assert (request["model_name"], request["request_id"]) == ("llm", "req-1")
+    [prompt] = request["inputs"]
+    assert (prompt.name(), prompt.shape()) == (io.INPUT_IDS, [3])  # the ids preprocessing made
+
+
+async def test_token_prompts_skip_preprocessing() -> None:
+    engine, client = engine_with(FakeCall([token(1, final=True)]))
+    params = GenerationParams(prompt_ids=(3, 4), max_tokens=1)
+    [out] = [o async for o in engine.generate(params, "r")]
+    assert out.final
+    assert client.tokenized == []
+    assert [i.name() for i in client.requests[0]["inputs"]] == [io.INPUT_IDS, io.MAX_TOKENS]
+
+
+async def test_preprocessing_errors_are_classified() -> None:
+    rejected = InferenceServerException(
+        "MESSAGES: each message needs a string `role`", status="StatusCode.INVALID_ARGUMENT"
+    )
+    engine, client = engine_with(FakeCall([]), prompt_ids=rejected)
+    messages = ({"role": "user", "content": "x"},)
+    with pytest.raises(TritonInputError) as info:
+        _ = [o async for o in engine.generate(GenerationParams(messages=messages), "r")]
+    assert info.value.tensor == io.MESSAGES
+    assert client.requests == []
+
+    down = InferenceServerException("failed to connect", status="StatusCode.UNAVAILABLE")
+    engine, _ = engine_with(FakeCall([]), prompt_ids=down)
+    with pytest.raises(EngineUnavailableError):
+        _ = [o async for o in engine.generate(GenerationParams(text="x"), "r")]
+
+
+async def test_closing_early_cancels_the_triton_request() -> None:
+    gate = asyncio.Event()  # never set: the second response never comes
+    call = FakeCall([token(1), token(2, final=True)], gate=gate)
+    engine, _ = engine_with(call)
+    async with aclosing(engine.generate(GenerationParams(text="hi"), "r")) as stream:
+        first = await anext(stream)
+        assert first.output_ids == [1]
+    assert call.cancelled
+
+
+async def test_task_cancellation_cancels_the_triton_request() -> None:
+    gate = asyncio.Event()
+    call = FakeCall([token(1), token(2, final=True)], gate=gate)
+    engine, _ = engine_with(call)
+    seen: list[int] = []
+
+    async def consume() -> None:
+        async for out in engine.generate(GenerationParams(text="hi"), "r"):
+            seen.extend(out.output_ids)
+
+    task = asyncio.ensure_future(consume())
+    while not seen:
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert call.cancelled
+
+
+async def test_stream_error_is_classified() -> None:
+    error = SimpleNamespace(message=lambda: "LOGPROB_TOKEN_IDS: id 70000 is outside the vocabulary")
+    engine, _ = engine_with(FakeCall([(None, error)]))
+    with pytest.raises(TritonInputError) as info:
+        _ = [o async for o in engine.generate(GenerationParams(text="hi"), "r")]
+    assert (info.value.tensor, info.value.detail) == (
+        io.LOGPROB_TOKEN_IDS,
+        "id 70000 is outside the vocabulary",
+    )
+
+
+async def test_stream_without_final_is_an_engine_error() -> None:
+    engine, _ = engine_with(FakeCall([token(1)]))
+    with pytest.raises(EngineError, match="before the final response"):
+        _ = [o async for o in engine.generate(GenerationParams(text="hi"), "r")]
+
+
+async def test_final_response_needs_a_reason() -> None:
+    result = FakeResult(response_arrays([(1, b"t", -0.5)]), final=True)
+    engine, _ = engine_with(FakeCall([(result, None)]))
+    with pytest.raises(EngineError, match="without a reason"):
+        _ = [o async for o in engine.generate(GenerationParams(text="hi"), "r")]
+
+
+@pytest.mark.parametrize(
+    ("message", "kind", "tensor"),
+    [
+        (
+            "INPUT_IDS: the prompt has 5000 tokens, the context holds 2048",
+            TritonInputError,
+            io.INPUT_IDS,
+        ),
+        ("[request id: cmpl-1] MAX_TOKENS: must be >= 0, got -1", TritonInputError, io.MAX_TOKENS),
+        ("MESSAGES: is not valid JSON", TritonInputError, io.MESSAGES),
+        (
+            "in ensemble 'ensemble', LOGPROB_TOKEN_IDS: id 70000 is outside the vocabulary",
+            TritonInputError,
+            io.LOGPROB_TOKEN_IDS,
+        ),
+        ("OUTPUT_IDS: something", EngineError, None),  # not an input: the model's own fault
+        ("Request for unknown model: 'llm' is not found", EngineUnavailableError, None),
+        ("server busy: 256 requests are waiting for a sequence slot", EngineUnavailableError, None),
+        ("unexpected shape for input 'SEED'", EngineError, None),
+    ],
+)
+def test_error_from_triton(message: str, kind: type, tensor: str | None) -> None:
+    error = error_from_triton(message)
+    assert type(error) is kind
+    if tensor is not None:
+        assert error.tensor == tensor
+
+
+async def test_model_info_is_read_once_from_the_config() -> None:
+    engine, client = engine_with(FakeCall([]))
+    info = await engine.model_info()
+    assert info == ModelInfo(
+        max_model_len=None,  # "0": the model's own context
+        max_logprobs=7,
+        max_logprob_token_ids=1024,
+        model_path="/cache/models/tiny-llama/",
+    )
+    assert info.default_model_name == "tiny-llama"
+    client.get_model_config = None  # type: ignore[assignment]  # a second read would fail
+    assert await engine.model_info() is info
+
+
+def test_model_info_defaults() -> None:
+    info = ModelInfo.from_parameters({"max_model_len": "2048"})
+    assert (info.max_model_len, info.max_logprobs, info.max_logprob_token_ids) == (2048, 20, 1024)
+    assert info.default_model_name == "llm"

@@ -1,0 +1,90 @@
+"""LLMConfig.from_model_config: config.pbtxt parameters, typed, with their defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend.config import LLMConfig, preprocessing_model_path, resolve_model_path
+
+
+def model_config(**parameters: str) -> dict[str, Any]:
+    return {"parameters": {key: {"string_value": value} for key, value in parameters.items()}}
+
+
+def test_a_relative_model_path_is_relative_to_the_repository_folder(tmp_path: Path) -> None:
+    model_folder = tmp_path / "serving" / "model_repository" / "llm"  # args["model_repository"]
+    config = LLMConfig.from_model_config(
+        model_config(model_path="../models/tiny"), str(model_folder)
+    )
+    assert config.model_path == str((tmp_path / "serving" / "models" / "tiny").resolve())
+    assert (
+        preprocessing_model_path(
+            model_config(model_path="../models/tiny"),
+            str(tmp_path / "serving" / "model_repository" / "preprocessing"),
+        )
+        == config.model_path
+    )
+
+
+def test_the_templates_default_points_beside_the_repository(tmp_path: Path) -> None:
+    folder = tmp_path / "repo" / "model_repository" / "llm"
+    resolved = resolve_model_path("../.cache/models/default", str(folder))
+    assert resolved == str((tmp_path / "repo" / ".cache" / "models" / "default").resolve())
+
+
+def test_an_absolute_model_path_is_kept(tmp_path: Path) -> None:
+    absolute = str(tmp_path / "elsewhere" / "model")
+    config = LLMConfig.from_model_config(model_config(model_path=absolute), "/any/repo/llm")
+    assert config.model_path == absolute
+
+
+def test_absent_or_empty_parameters_take_the_defaults() -> None:
+    config = LLMConfig.from_model_config(
+        model_config(model_path="/m", device="", dtype=""), "/r/llm"
+    )
+    assert config == LLMConfig(model_path="/m")
+    assert (config.device, config.dtype, config.max_model_len) == ("auto", "auto", 0)
+    assert (config.max_num_seqs, config.max_logprobs, config.max_logprob_token_ids) == (
+        16,
+        20,
+        1024,
+    )
+
+
+def test_every_parameter_is_parsed() -> None:
+    config = LLMConfig.from_model_config(
+        model_config(
+            model_path="/m",
+            device="cpu",
+            dtype="float32",
+            max_model_len="256",
+            max_num_seqs="8",
+            kv_cache_memory_mb="12",
+            max_queue_size="3",
+            max_logprobs="5",
+            max_logprob_token_ids="64",
+        ),
+        "/r/llm",
+    )
+    assert config == LLMConfig(
+        model_path="/m",
+        device="cpu",
+        dtype="float32",
+        max_model_len=256,
+        max_num_seqs=8,
+        kv_cache_memory_mb=12,
+        max_queue_size=3,
+        max_logprobs=5,
+        max_logprob_token_ids=64,
+    )
+
+
+@pytest.mark.parametrize("config", [{}, {"parameters": {}}, model_config(model_path="")])
+def test_model_path_is_required(config: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="model_path"):
+        LLMConfig.from_model_config(config, "/r/llm")
+    with pytest.raises(ValueError, match="model_path"):
+        preprocessing_model_path(config, "/r/preprocessing")

@@ -1,0 +1,194 @@
+"""Engine on the real ModelRunner: rows with different logprob requests share one step and each
+gets exactly its own shapes and values (vLLM once returned padding to plain top-k rows batched
+with explicit-id rows)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from backend import default_model
+from backend import triton_io as io
+from backend.engine import INTERNAL, Engine, EngineStats, StepOutput
+from backend.model_runner import ModelRunner
+from backend.params import GenerationParams
+from backend.stopping import LENGTH
+from backend.token_bytes import token_bytes_table
+from tests.reference import reference_logprobs, tokenizer
+
+WAIT_S = 60.0
+ATOL = 1e-4
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.outputs: list[StepOutput] = []
+        self.errors: list[tuple[str, str]] = []
+        self.done = threading.Event()
+
+    def send(self, output: StepOutput) -> None:
+        self.outputs.append(output)
+        if output.finish_reason is not None:
+            self.done.set()
+
+    def send_error(self, message: str, *, kind: str = INTERNAL) -> None:
+        self.errors.append((message, kind))
+        self.done.set()
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
+@pytest.fixture
+def runner(model_dir: Path) -> ModelRunner:
+    return ModelRunner(str(model_dir), max_num_seqs=8, max_model_len=256)
+
+
+@pytest.fixture
+def passage(model_dir: Path) -> list[int]:
+    return tokenizer(model_dir)(default_model.PASSAGE)["input_ids"]
+
+
+@pytest.fixture
+def stats() -> list[EngineStats]:
+    return []
+
+
+@pytest.fixture
+def engine(runner: ModelRunner, stats: list[EngineStats]) -> Iterator[Engine]:
+    def record(s: EngineStats) -> None:
+        stats.append(EngineStats(**vars(s)))
+
+    engine = Engine(runner, on_stats=record)
+    yield engine
+    engine.stop()
+
+
+def run(engine: Engine, requests: list[GenerationParams]) -> list[RecordingSink]:
+    """Queue every request before the loop starts, so the first step admits them all."""
+    sinks = [RecordingSink() for _ in requests]
+    for params, sink in zip(requests, sinks, strict=True):
+        engine.submit(params, sink)
+    engine.start()
+    for sink in sinks:
+        assert sink.done.wait(WAIT_S)
+    return sinks
+
+
+# (natural top-k `logprobs`, explicit ids): every combination, and different k and M per row.
+ROWS: list[tuple[int | None, list[int]]] = [
+    (None, []),  # no logprobs
+    (0, []),  # only the sampled token's
+    (2, []),  # top-k only
+    (5, []),  # a larger top-k in the same batch
+    (None, [7, 1003, 7, 42]),  # explicit ids only (a padding id, a duplicate)
+    (3, [0, 999]),  # both
+]
+STEPS = 3
+
+
+def test_each_row_of_a_mixed_batch_gets_exactly_its_own_logprobs(
+    engine: Engine, model_dir: Path, passage: list[int], stats: list[EngineStats]
+) -> None:
+    requests = [
+        GenerationParams(
+            prompt_ids=passage[: 4 + 2 * row],  # a different prompt per row
+            max_tokens=STEPS,
+            temperature=0.0,
+            ignore_eos=True,
+            logprobs=logprobs,
+            logprob_token_ids=ids,
+        )
+        for row, (logprobs, ids) in enumerate(ROWS)
+    ]
+    sinks = run(engine, requests)
+    assert stats[0].active_sequences == len(ROWS)  # all rows in the first step together
+    table = token_bytes_table(tokenizer(model_dir), 1024)
+
+    for params, sink in zip(requests, sinks, strict=True):
+        assert sink.errors == []
+        assert len(sink.outputs) == STEPS
+        k = params.logprobs or 0
+        ids = params.logprob_token_ids
+        m = len(ids)
+        tokens = [t for out in sink.outputs for t in out.token_ids]
+        ref = reference_logprobs(model_dir, params.prompt_ids, tokens)
+        for step, out in enumerate(sink.outputs):
+            row_ref = ref[step]
+            assert out.token_ids == [int(row_ref.argmax())]  # greedy
+            assert out.top_ids.shape == (1, k)
+            assert out.top_logprobs.shape == (1, k)
+            assert out.token_id_logprobs.shape == (1, m)
+            assert len(out.top_bytes) == k
+            if k:
+                expected_top = np.argsort(-row_ref, kind="stable")[:k]
+                assert out.top_ids[0].tolist() == expected_top.tolist()
+                np.testing.assert_allclose(out.top_logprobs[0], row_ref[expected_top], atol=ATOL)
+                assert out.top_bytes == [table[i] for i in expected_top]
+            if m:
+                np.testing.assert_allclose(out.token_id_logprobs[0], row_ref[ids], atol=ATOL)
+            if params.logprobs is not None:
+                np.testing.assert_allclose(out.logprobs, row_ref[out.token_ids], atol=ATOL)
+            # Explicit ids' bytes once, on the first response.
+            assert out.token_id_bytes == ([table[i] for i in ids] if step == 0 else [])
+
+            # And the response tensors carry exactly these shapes.
+            arrays = io.output_arrays(out, params)
+            assert arrays[io.OUTPUT_LOGPROBS].shape == (
+                (1,) if params.logprobs is not None else (0,)
+            )
+            assert arrays[io.TOP_LOGPROB_IDS].shape == (1, k)
+            assert arrays[io.TOP_LOGPROB_TOKEN_BYTES].shape == (1, k)
+            assert arrays[io.LOGPROB_TOKEN_LOGPROBS].shape == (1, m)
+            assert arrays[io.LOGPROB_TOKEN_BYTES].shape == ((m,) if step == 0 else (0,))
+        assert sink.outputs[-1].finish_reason == LENGTH
+
+
+def test_max_tokens_zero_answers_once_with_empty_rows_of_the_asked_width(
+    engine: Engine, model_dir: Path
+) -> None:
+    params = GenerationParams(prompt_ids=[5, 6], max_tokens=0, logprobs=4, logprob_token_ids=[1, 2])
+    [sink] = run(engine, [params])
+    [out] = sink.outputs
+    assert (out.token_ids, out.text, out.finish_reason) == ([], "", LENGTH)
+    assert out.top_ids.shape == (0, 4)
+    assert out.token_id_logprobs.shape == (0, 2)
+    table = token_bytes_table(tokenizer(model_dir), 1024)
+    assert out.token_id_bytes == [table[1], table[2]]
+    assert (out.prompt_tokens, out.completion_tokens) == (2, 0)
+
+
+def test_a_request_that_fails_to_start_gets_one_error_and_the_others_are_served(
+    engine: Engine, runner: ModelRunner, monkeypatch: pytest.MonkeyPatch, passage: list[int]
+) -> None:
+    prefill = runner.prefill
+
+    def failing_prefill(slot: int, prompt_ids: list[int], *args: Any, **kwargs: Any) -> Any:
+        if prompt_ids == [13, 13, 13]:  # as out-of-memory would
+            raise RuntimeError("injected prefill failure")
+        return prefill(slot, prompt_ids, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "prefill", failing_prefill)
+    good = GenerationParams(prompt_ids=passage[:5], max_tokens=4, temperature=0.0, ignore_eos=True)
+    bad = GenerationParams(prompt_ids=[13, 13, 13], max_tokens=4)
+    first, failed, second = run(engine, [good, bad, good])
+    assert failed.outputs == []
+    assert failed.errors == [("internal error: injected prefill failure", INTERNAL)]
+    for sink in (first, second):
+        assert sink.errors == []
+        assert [len(out.token_ids) for out in sink.outputs] == [1] * 4
+    assert [o.token_ids for o in first.outputs] == [o.token_ids for o in second.outputs]
+
+
+def test_stop_answers_queued_requests_that_never_started(runner: ModelRunner) -> None:
+    engine = Engine(runner)
+    sink = RecordingSink()
+    engine.submit(GenerationParams(prompt_ids=[1]), sink)
+    engine.stop()
+    assert sink.outputs == []
+    assert sink.errors == [("the model is shutting down", INTERNAL)]

@@ -1,0 +1,138 @@
+"""sample(): greedy ties, per-row temperature / top-k / top-p, per-request generators."""
+
+from __future__ import annotations
+
+import torch
+
+from backend.sampling import SamplingBatch, sample
+
+
+def generator(seed: int) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
+
+
+def batch(
+    rows: int,
+    temperature: float | list[float] = 1.0,
+    top_p: float | list[float] = 1.0,
+    top_k: int | list[int] = 0,
+    generators: list[torch.Generator] | None = None,
+) -> SamplingBatch:
+    def column(value: float | list[float], dtype: torch.dtype) -> torch.Tensor:
+        values = value if isinstance(value, list) else [value] * rows
+        return torch.tensor(values, dtype=dtype)
+
+    return SamplingBatch(
+        temperature=column(temperature, torch.float32),
+        top_p=column(top_p, torch.float32),
+        top_k=column(top_k, torch.int64),
+        generators=generators or [generator(row) for row in range(rows)],
+    )
+
+
+def draws(logits: torch.Tensor, n: int, seed: int = 0, **params: float | int) -> torch.Tensor:
+    """`n` samples of one distribution: `n` rows of the same logits, one shared generator."""
+    rows = logits.expand(n, -1).clone()
+    return sample(rows, batch(n, generators=[generator(seed)] * n, **params))
+
+
+LOGITS = torch.tensor([1.0, 2.5, 0.3, 2.0, -1.0, 0.9, 1.7, -0.2])
+
+
+def test_greedy_is_argmax_with_ties_to_the_lower_id() -> None:
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [5.0, 5.0, 5.0, 5.0], [-2.0, -1.0, -3.0, -1.0]])
+    assert sample(logits, batch(3, temperature=0.0)).tolist() == [1, 0, 1]
+    # The same when other rows of the batch sample.
+    mixed = batch(4, temperature=[0.0, 0.0, 0.0, 1.0])
+    assert sample(torch.cat([logits, logits[:1]]), mixed)[:3].tolist() == [1, 0, 1]
+
+
+def test_logits_are_not_modified() -> None:
+    logits = LOGITS.expand(4, -1).clone()
+    before = logits.clone()
+    sample(logits, batch(4, temperature=[0.0, 0.7, 1.0, 2.0], top_k=[0, 2, 3, 0], top_p=0.5))
+    assert torch.equal(logits, before)
+
+
+def test_top_k_one_and_tiny_top_p_always_give_the_argmax() -> None:
+    argmax = int(LOGITS.argmax())
+    for params in ({"top_k": 1}, {"top_p": 1e-6}, {"top_k": 1, "temperature": 5.0}):
+        assert (draws(LOGITS, 500, **params) == argmax).all(), params
+
+
+def test_sampled_ids_stay_inside_the_top_k_set() -> None:
+    allowed = set(LOGITS.topk(3).indices.tolist())
+    seen = set(draws(LOGITS, 3000, top_k=3, temperature=2.0).tolist())
+    assert seen == allowed  # inside, and each of them drawn at a high temperature
+
+
+def test_sampled_ids_stay_inside_the_nucleus() -> None:
+    # Sorted probs 0.5, 0.3, 0.15, 0.05: top_p 0.7 keeps the first two (mass before < 0.7).
+    logits = torch.tensor([0.15, 0.5, 0.05, 0.3]).log()
+    result = draws(logits, 4000, top_p=0.7)
+    assert set(result.tolist()) == {1, 3}
+    share = (result == 1).float().mean().item()
+    assert abs(share - 0.5 / 0.8) < 0.03
+
+
+def test_top_p_applies_to_the_top_k_renormalised_distribution() -> None:
+    # top_k 3 keeps 0.5, 0.3, 0.15 -> 0.526, 0.316, 0.158; top_p 0.8 keeps the first two.
+    logits = torch.tensor([0.15, 0.5, 0.05, 0.3]).log()
+    assert set(draws(logits, 3000, top_k=3, top_p=0.8).tolist()) == {1, 3}
+
+
+def test_each_row_follows_its_own_parameters() -> None:
+    n = 400
+    logits = LOGITS.expand(4 * n, -1).clone()
+    per_row = batch(
+        4 * n,
+        temperature=[0.0] * n + [1.0] * n + [1.0] * n + [3.0] * n,
+        top_k=[0] * n + [1] * n + [2] * n + [0] * n,
+        generators=[generator(7)] * (4 * n),
+    )
+    result = sample(logits, per_row).view(4, n)
+    argmax, second = LOGITS.topk(2).indices.tolist()
+    assert (result[0] == argmax).all()  # greedy
+    assert (result[1] == argmax).all()  # top_k 1
+    assert set(result[2].tolist()) == {argmax, second}  # top_k 2
+    assert len(set(result[3].tolist())) == len(LOGITS)  # hot and unfiltered: everything
+
+
+def test_a_seeded_row_draws_the_same_whatever_else_is_in_the_batch() -> None:
+    steps = 20
+    alone_gen = generator(1234)
+    alone = [sample(LOGITS[None], batch(1, generators=[alone_gen])).item() for _ in range(steps)]
+    batched_gen = generator(1234)
+    batched = []
+    for step in range(steps):
+        others = torch.randn(3, len(LOGITS), generator=generator(100 + step))
+        logits = torch.cat([others[:2], LOGITS[None], others[2:]])
+        params = batch(
+            4,
+            temperature=[0.0, 2.0, 1.0, 0.5],
+            top_k=[0, 3, 0, 1],
+            top_p=[1.0, 0.9, 1.0, 0.2],
+            generators=[generator(step), generator(step + 1), batched_gen, generator(9)],
+        )
+        batched.append(sample(logits, params)[2].item())
+    assert batched == alone
+    assert len(set(alone)) > 1  # it did sample
+
+
+def test_frequencies_at_temperature_one_match_the_softmax() -> None:
+    n = 40000
+    probs = LOGITS.double().softmax(-1)
+    counts = torch.bincount(draws(LOGITS, n, seed=3), minlength=len(LOGITS)).double() / n
+    # 4.5 standard deviations of a binomial share with n draws.
+    tolerance = 4.5 * (probs * (1 - probs) / n).sqrt()
+    assert ((counts - probs).abs() <= tolerance).all(), (counts, probs)
+
+
+def test_temperature_scales_the_logits() -> None:
+    n = 40000
+    probs = (LOGITS.double() / 2.0).softmax(-1)
+    counts = torch.bincount(draws(LOGITS, n, seed=4, temperature=2.0), minlength=8).double() / n
+    tolerance = 4.5 * (probs * (1 - probs) / n).sqrt()
+    assert ((counts - probs).abs() <= tolerance).all(), (counts, probs)

@@ -1,0 +1,380 @@
+"""parse_request (validation, defaults) and output_arrays (the response tensors' contract)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from backend import triton_io as io
+from backend.engine import PromptLogprobs, StepOutput
+from backend.params import EngineLimits, GenerationParams, InvalidRequestError
+from tests.backend.triton_config import config_tensors
+
+LIMITS = EngineLimits(vocab_size=1024, max_model_len=64, max_logprobs=20, max_logprob_token_ids=8)
+PROMPT = np.array([5, 6, 7], dtype=np.int32)
+DTYPES = {"TYPE_INT32": np.int32, "TYPE_FP32": np.float32, "TYPE_STRING": np.object_}
+
+
+def i32(*values: int) -> np.ndarray:
+    return np.array(values, dtype=np.int32)
+
+
+def f32(*values: float) -> np.ndarray:
+    return np.array(values, dtype=np.float32)
+
+
+def strings(*values: bytes) -> np.ndarray:
+    return np.array(values, dtype=object)
+
+
+def parse(**arrays: np.ndarray) -> GenerationParams:
+    return io.parse_request({io.INPUT_IDS: PROMPT, **arrays}, LIMITS, request_id="req-1")
+
+
+def test_absent_inputs_give_the_openai_defaults() -> None:
+    params = parse()
+    assert params == GenerationParams(prompt_ids=[5, 6, 7], request_id="req-1")
+    assert (params.max_tokens, params.temperature, params.top_p, params.top_k) == (16, 1.0, 1.0, 0)
+    assert params.seed is None
+    assert params.logprobs is None
+    assert not params.wants_logprobs
+    assert not params.wants_prompt_logprobs
+    assert not params.has_penalties
+    assert (params.logit_bias, params.allowed_token_ids, params.min_tokens) == ({}, [], 0)
+
+
+def test_every_input_is_read() -> None:
+    params = parse(
+        MAX_TOKENS=i32(5),
+        TEMPERATURE=f32(0.5),
+        TOP_P=f32(0.25),
+        TOP_K=i32(7),
+        SEED=np.array([2**40], dtype=np.int64),
+        STOP=strings(b"END", b"", "世界".encode()),
+        STOP_TOKEN_IDS=i32(9, 10),
+        IGNORE_EOS=np.array([True]),
+        LOGPROBS=i32(3),
+        LOGPROB_TOKEN_IDS=i32(1023, 0, 1023),
+        PROMPT_LOGPROBS=i32(2),
+        PROMPT_LOGPROB_TOKEN_IDS=i32(4, 4),
+        PRESENCE_PENALTY=f32(-2.0),
+        FREQUENCY_PENALTY=f32(1.5),
+        REPETITION_PENALTY=f32(1.25),
+        LOGIT_BIAS_IDS=i32(3, 8),
+        LOGIT_BIAS_VALUES=f32(-100.0, 2.5),
+        ALLOWED_TOKEN_IDS=i32(3, 8, 9),
+        MIN_TOKENS=i32(5),
+        INCLUDE_STOP_STR_IN_OUTPUT=np.array([True]),
+    )
+    assert params == GenerationParams(
+        prompt_ids=[5, 6, 7],
+        max_tokens=5,
+        temperature=0.5,
+        top_p=0.25,
+        top_k=7,
+        seed=2**40,
+        stop=["END", "世界"],  # empty stop strings dropped
+        stop_token_ids=[9, 10],
+        ignore_eos=True,
+        logprobs=3,
+        logprob_token_ids=[1023, 0, 1023],  # order and duplicates kept
+        prompt_logprobs=2,
+        prompt_logprob_token_ids=[4, 4],
+        presence_penalty=-2.0,
+        frequency_penalty=1.5,
+        repetition_penalty=1.25,
+        logit_bias={3: -100.0, 8: 2.5},
+        allowed_token_ids=[3, 8, 9],
+        min_tokens=5,  # == MAX_TOKENS is allowed
+        include_stop_str_in_output=True,
+        request_id="req-1",
+    )
+    assert all(isinstance(i, int) for i in params.prompt_ids + params.logprob_token_ids)
+
+
+def test_edge_values_that_are_valid() -> None:
+    params = parse(
+        MAX_TOKENS=i32(0),
+        TEMPERATURE=f32(0.0),
+        TOP_P=f32(1.0),
+        TOP_K=i32(-1),
+        LOGPROBS=i32(0),
+        LOGPROB_TOKEN_IDS=i32(*range(8)),
+        SEED=np.array([-1], dtype=np.int64),
+    )
+    assert params.max_tokens == 0
+    assert params.top_k == 0  # -1 means off, like 0
+    assert params.logprobs == 0  # only the sampled token's logprob
+    assert params.wants_logprobs
+    assert params.seed == -1
+    assert io.parse_request({io.INPUT_IDS: i32(*[1] * 63)}, LIMITS).prompt_ids == [1] * 63
+    # Other integer widths are accepted for id and count inputs.
+    wide = io.parse_request(
+        {io.INPUT_IDS: np.array([1, 2], np.int64), io.MAX_TOKENS: np.array([3], np.uint32)}, LIMITS
+    )
+    assert (wide.prompt_ids, wide.max_tokens) == ([1, 2], 3)
+
+
+@pytest.mark.parametrize(
+    ("arrays", "parameter", "message"),
+    [
+        ({io.INPUT_IDS: None}, io.INPUT_IDS, "the prompt is empty"),
+        ({io.INPUT_IDS: i32()}, io.INPUT_IDS, "the prompt is empty"),
+        ({io.INPUT_IDS: f32(1.0, 2.0)}, io.INPUT_IDS, "expected integer token ids, got dtype"),
+        ({io.INPUT_IDS: np.ones((1, 3), np.int32)}, io.INPUT_IDS, "expected a 1-D tensor"),
+        ({io.INPUT_IDS: i32(1, 1024)}, io.INPUT_IDS, "id 1024 is outside the vocabulary"),
+        ({io.INPUT_IDS: i32(-1)}, io.INPUT_IDS, "id -1 is outside the vocabulary [0, 1024)"),
+        ({io.INPUT_IDS: i32(*[1] * 64)}, io.INPUT_IDS, "has 64 tokens, the context holds 64"),
+        ({io.MAX_TOKENS: i32(-1)}, io.MAX_TOKENS, "must be >= 0, got -1"),
+        ({io.MAX_TOKENS: f32(2.0)}, io.MAX_TOKENS, "unexpected dtype float32"),
+        ({io.MAX_TOKENS: i32(1, 2)}, io.MAX_TOKENS, "expected one element, got shape [2]"),
+        ({io.MAX_TOKENS: i32()}, io.MAX_TOKENS, "expected one element, got shape [0]"),
+        ({io.TEMPERATURE: f32(-0.5)}, io.TEMPERATURE, "must be >= 0, got -0.5"),
+        ({io.TEMPERATURE: f32(math.inf)}, io.TEMPERATURE, "must be >= 0, got inf"),
+        ({io.TEMPERATURE: f32(math.nan)}, io.TEMPERATURE, "must be >= 0, got nan"),
+        ({io.TEMPERATURE: i32(1)}, io.TEMPERATURE, "unexpected dtype int32"),
+        ({io.TOP_P: f32(0.0)}, io.TOP_P, "must be in (0, 1], got 0.0"),
+        ({io.TOP_P: f32(1.5)}, io.TOP_P, "must be in (0, 1], got 1.5"),
+        ({io.TOP_P: f32(math.nan)}, io.TOP_P, "must be in (0, 1], got nan"),
+        ({io.TOP_K: i32(-2)}, io.TOP_K, "must be >= 0 (or -1 for off), got -2"),
+        ({io.TOP_K: f32(3.0)}, io.TOP_K, "unexpected dtype float32"),
+        ({io.SEED: f32(1.0)}, io.SEED, "unexpected dtype float32"),
+        ({io.STOP: strings(b"ok", b"\xff")}, io.STOP, "is not valid UTF-8"),
+        ({io.STOP_TOKEN_IDS: i32(3, 1024)}, io.STOP_TOKEN_IDS, "id 1024 is outside"),
+        ({io.STOP_TOKEN_IDS: f32(3.0)}, io.STOP_TOKEN_IDS, "expected integer token ids"),
+        ({io.IGNORE_EOS: i32(1)}, io.IGNORE_EOS, "unexpected dtype int32"),
+        ({io.LOGPROBS: i32(-1)}, io.LOGPROBS, "must be in [0, 20], got -1"),
+        ({io.LOGPROBS: i32(21)}, io.LOGPROBS, "must be in [0, 20], got 21"),
+        ({io.LOGPROBS: f32(2.0)}, io.LOGPROBS, "unexpected dtype float32"),
+        ({io.LOGPROB_TOKEN_IDS: i32()}, io.LOGPROB_TOKEN_IDS, "must not be empty"),
+        (
+            {io.LOGPROB_TOKEN_IDS: i32(*range(9))},
+            io.LOGPROB_TOKEN_IDS,
+            "9 ids requested, at most 8",
+        ),
+        ({io.LOGPROB_TOKEN_IDS: i32(0, 1024)}, io.LOGPROB_TOKEN_IDS, "id 1024 is outside"),
+        ({io.LOGPROB_TOKEN_IDS: i32(-1)}, io.LOGPROB_TOKEN_IDS, "id -1 is outside"),
+        ({io.LOGPROB_TOKEN_IDS: f32(1.0)}, io.LOGPROB_TOKEN_IDS, "expected integer token ids"),
+        ({io.PROMPT_LOGPROBS: i32(21)}, io.PROMPT_LOGPROBS, "must be in [0, 20], got 21"),
+        ({io.PROMPT_LOGPROBS: i32(-1)}, io.PROMPT_LOGPROBS, "must be in [0, 20], got -1"),
+        ({io.PROMPT_LOGPROB_TOKEN_IDS: i32()}, io.PROMPT_LOGPROB_TOKEN_IDS, "must not be empty"),
+        (
+            {io.PROMPT_LOGPROB_TOKEN_IDS: i32(*range(9))},
+            io.PROMPT_LOGPROB_TOKEN_IDS,
+            "9 ids requested, at most 8",
+        ),
+        ({io.PROMPT_LOGPROB_TOKEN_IDS: i32(1024)}, io.PROMPT_LOGPROB_TOKEN_IDS, "id 1024 is"),
+        ({io.PRESENCE_PENALTY: f32(2.5)}, io.PRESENCE_PENALTY, "must be in [-2, 2], got 2.5"),
+        ({io.PRESENCE_PENALTY: f32(math.nan)}, io.PRESENCE_PENALTY, "must be in [-2, 2]"),
+        ({io.FREQUENCY_PENALTY: f32(-3.0)}, io.FREQUENCY_PENALTY, "must be in [-2, 2], got -3"),
+        ({io.FREQUENCY_PENALTY: i32(1)}, io.FREQUENCY_PENALTY, "unexpected dtype int32"),
+        ({io.REPETITION_PENALTY: f32(0.0)}, io.REPETITION_PENALTY, "must be > 0, got 0"),
+        ({io.REPETITION_PENALTY: f32(math.inf)}, io.REPETITION_PENALTY, "must be > 0, got inf"),
+        (
+            {io.LOGIT_BIAS_IDS: i32(3, 4), io.LOGIT_BIAS_VALUES: f32(1.0)},
+            io.LOGIT_BIAS_VALUES,
+            "has 1 values for 2 ids",
+        ),
+        ({io.LOGIT_BIAS_VALUES: f32(1.0)}, io.LOGIT_BIAS_VALUES, "has 1 values for 0 ids"),
+        (
+            {io.LOGIT_BIAS_IDS: i32(1024), io.LOGIT_BIAS_VALUES: f32(1.0)},
+            io.LOGIT_BIAS_IDS,
+            "id 1024 is outside the vocabulary",
+        ),
+        (
+            {io.LOGIT_BIAS_IDS: i32(3), io.LOGIT_BIAS_VALUES: f32(100.5)},
+            io.LOGIT_BIAS_VALUES,
+            "each bias must be in [-100, 100]",
+        ),
+        (
+            {io.LOGIT_BIAS_IDS: i32(3), io.LOGIT_BIAS_VALUES: f32(math.nan)},
+            io.LOGIT_BIAS_VALUES,
+            "each bias must be in [-100, 100]",
+        ),
+        ({io.ALLOWED_TOKEN_IDS: i32()}, io.ALLOWED_TOKEN_IDS, "must not be empty"),
+        ({io.ALLOWED_TOKEN_IDS: i32(5, 1024)}, io.ALLOWED_TOKEN_IDS, "id 1024 is outside"),
+        ({io.MIN_TOKENS: i32(17)}, io.MIN_TOKENS, "must be in [0, MAX_TOKENS=16], got 17"),
+        (
+            {io.MIN_TOKENS: i32(3), io.MAX_TOKENS: i32(2)},
+            io.MIN_TOKENS,
+            "must be in [0, MAX_TOKENS=2], got 3",
+        ),
+        ({io.MIN_TOKENS: i32(-1)}, io.MIN_TOKENS, "got -1"),
+        (
+            {io.INCLUDE_STOP_STR_IN_OUTPUT: i32(1)},
+            io.INCLUDE_STOP_STR_IN_OUTPUT,
+            "unexpected dtype",
+        ),
+        (
+            {io.LOGPROB_TOKEN_IDS: np.ones((2, 2), np.int32)},
+            io.LOGPROB_TOKEN_IDS,
+            "expected a 1-D tensor, got shape [2, 2]",
+        ),
+    ],
+)
+def test_invalid_input_names_its_parameter(
+    arrays: dict[str, np.ndarray | None], parameter: str, message: str
+) -> None:
+    given = {io.INPUT_IDS: PROMPT, **arrays}
+    with pytest.raises(InvalidRequestError) as info:
+        io.parse_request({k: v for k, v in given.items() if v is not None}, LIMITS)
+    assert info.value.parameter == parameter
+    assert str(info.value).startswith(f"{parameter}: ")
+    assert message in str(info.value)
+
+
+def step_output(n: int, k: int, m: int, first: bool = True) -> StepOutput:
+    rng = np.random.default_rng(n * 100 + k * 10 + m)
+    return StepOutput(
+        token_ids=list(range(10, 10 + n)),
+        text="é😀"[:n],
+        token_bytes=[b"\xc3", b"\xa9"][:n],
+        logprobs=-rng.random(n).astype(np.float32),
+        top_ids=np.arange(n * k, dtype=np.int64).reshape(n, k),
+        top_logprobs=-rng.random((n, k)).astype(np.float32),
+        top_bytes=[b"t%d" % i for i in range(n * k)],
+        token_id_logprobs=-rng.random((n, m)).astype(np.float32),
+        token_id_bytes=[b"m%d" % i for i in range(m)] if first else [],
+        finish_reason=None,
+        prompt_tokens=3,
+        completion_tokens=n,
+    )
+
+
+@pytest.mark.parametrize(
+    ("n", "logprobs", "m", "first"),
+    [
+        (1, None, 0, True),  # no logprobs at all
+        (1, 0, 0, True),  # sampled logprob only
+        (1, 3, 0, True),  # top-k
+        (1, None, 2, True),  # explicit ids only
+        (1, 2, 4, True),  # both
+        (1, 2, 4, False),  # a later response: no id bytes
+        (2, 3, 2, True),  # several tokens in one response
+        (0, 5, 3, True),  # an empty final (max_tokens 0)
+    ],
+)
+def test_output_shapes_and_dtypes_follow_the_config(
+    n: int, logprobs: int | None, m: int, first: bool
+) -> None:
+    k = logprobs or 0
+    params = GenerationParams(prompt_ids=[1, 2, 3], logprobs=logprobs, logprob_token_ids=[4] * m)
+    out = step_output(n, k, m, first)
+    arrays = io.output_arrays(out, params)
+
+    declared = config_tensors("llm", "output")
+    assert set(arrays) == set(declared)
+    for name, array in arrays.items():
+        assert array.dtype == DTYPES[declared[name]], name
+    expected_shapes = {
+        io.OUTPUT_IDS: (n,),
+        io.TEXT_OUTPUT: (1,),
+        io.OUTPUT_TOKEN_BYTES: (n,),
+        io.OUTPUT_LOGPROBS: (n if logprobs is not None else 0,),
+        io.TOP_LOGPROB_IDS: (n, k),
+        io.TOP_LOGPROBS: (n, k),
+        io.TOP_LOGPROB_TOKEN_BYTES: (n, k),
+        io.LOGPROB_TOKEN_LOGPROBS: (n, m),
+        io.LOGPROB_TOKEN_BYTES: (m if first else 0,),
+        io.FINISH_REASON: (1,),
+        io.PROMPT_TOKENS: (1,),
+        io.COMPLETION_TOKENS: (1,),
+    }
+    assert {name: arrays[name].shape for name in expected_shapes} == expected_shapes
+    # Values travel unchanged.
+    assert arrays[io.OUTPUT_IDS].tolist() == out.token_ids
+    assert arrays[io.TEXT_OUTPUT].tolist() == [out.text.encode()]
+    assert arrays[io.OUTPUT_TOKEN_BYTES].tolist() == out.token_bytes
+    if logprobs is not None:
+        np.testing.assert_array_equal(arrays[io.OUTPUT_LOGPROBS], out.logprobs)
+    np.testing.assert_array_equal(arrays[io.TOP_LOGPROB_IDS], out.top_ids)
+    np.testing.assert_array_equal(arrays[io.TOP_LOGPROBS], out.top_logprobs)
+    assert arrays[io.TOP_LOGPROB_TOKEN_BYTES].reshape(-1).tolist() == out.top_bytes
+    np.testing.assert_array_equal(arrays[io.LOGPROB_TOKEN_LOGPROBS], out.token_id_logprobs)
+    assert arrays[io.LOGPROB_TOKEN_BYTES].tolist() == out.token_id_bytes
+    assert arrays[io.PROMPT_TOKENS].tolist() == [3]
+    assert arrays[io.COMPLETION_TOKENS].tolist() == [n]
+
+
+def test_top_bytes_are_laid_out_row_major() -> None:
+    params = GenerationParams(prompt_ids=[1], logprobs=3)
+    arrays = io.output_arrays(step_output(2, 3, 0), params)
+    assert arrays[io.TOP_LOGPROB_TOKEN_BYTES].tolist() == [
+        [b"t0", b"t1", b"t2"],
+        [b"t3", b"t4", b"t5"],
+    ]
+
+
+def test_minus_infinity_is_sent_as_minus_9999() -> None:
+    params = GenerationParams(prompt_ids=[1], logprobs=2, logprob_token_ids=[1, 2])
+    out = step_output(1, 2, 2)
+    out.logprobs = np.array([-np.inf], np.float32)
+    out.top_logprobs = np.array([[-0.5, -np.inf]], np.float32)
+    out.token_id_logprobs = np.array([[-np.inf, -1.25]], np.float32)
+    arrays = io.output_arrays(out, params)
+    assert arrays[io.OUTPUT_LOGPROBS].tolist() == [-9999.0]
+    assert arrays[io.TOP_LOGPROBS].tolist() == [[-0.5, -9999.0]]
+    assert arrays[io.LOGPROB_TOKEN_LOGPROBS].tolist() == [[-9999.0, -1.25]]
+    assert io.NEG_INF_LOGPROB == -9999.0
+
+
+@pytest.mark.parametrize(
+    ("reason", "sent"), [(None, b""), ("stop", b"stop"), ("length", b"length")]
+)
+def test_finish_reason_is_empty_until_the_final_response(reason: str | None, sent: bytes) -> None:
+    out = step_output(1, 0, 0)
+    out.finish_reason = reason
+    arrays = io.output_arrays(out, GenerationParams(prompt_ids=[1]))
+    assert arrays[io.FINISH_REASON].tolist() == [sent]
+
+
+def prompt_shapes(p: int, k: int, m: int) -> dict[str, tuple[int, ...]]:
+    """Shapes of the prompt outputs for a P-token prompt (P - 1 scored positions; 0 = none)."""
+    n = max(p - 1, 0)
+    return {
+        io.PROMPT_IDS: (p,),
+        io.PROMPT_TOKEN_BYTES: (p,),
+        io.PROMPT_TOKEN_LOGPROBS: (n,),
+        io.PROMPT_TOP_LOGPROB_IDS: (n, k),
+        io.PROMPT_TOP_LOGPROBS: (n, k),
+        io.PROMPT_TOP_LOGPROB_TOKEN_BYTES: (n, k),
+        io.PROMPT_LOGPROB_TOKEN_LOGPROBS: (n, m),
+    }
+
+
+@pytest.mark.parametrize(("k", "m"), [(0, 0), (2, 0), (0, 3), (2, 3)])
+def test_prompt_outputs_are_zero_size_except_on_the_response_carrying_them(k: int, m: int) -> None:
+    params = GenerationParams(
+        prompt_ids=[5, 6, 7, 8], prompt_logprobs=k or None, prompt_logprob_token_ids=[9] * m
+    )
+    declared = config_tensors("llm", "output")
+    without = io.output_arrays(step_output(1, 0, 0), params)
+    assert {name: without[name].shape for name in prompt_shapes(0, k, m)} == prompt_shapes(0, k, m)
+
+    rng = np.random.default_rng(k + m)
+    out = step_output(1, 0, 0)
+    out.prompt = PromptLogprobs(
+        ids=[5, 6, 7, 8],
+        token_bytes=[b"a", b"b", b"c", b"d"],
+        logprobs=np.array([-1.0, -np.inf, -2.0], np.float32),
+        top_ids=np.arange(3 * k).reshape(3, k),
+        top_logprobs=-rng.random((3, k)).astype(np.float32),
+        top_bytes=[b"t%d" % i for i in range(3 * k)],
+        token_id_logprobs=-rng.random((3, m)).astype(np.float32),
+    )
+    arrays = io.output_arrays(out, params)
+    assert {name: arrays[name].shape for name in prompt_shapes(4, k, m)} == prompt_shapes(4, k, m)
+    for name in prompt_shapes(4, k, m):
+        assert arrays[name].dtype == DTYPES[declared[name]], name
+        assert without[name].dtype == DTYPES[declared[name]], name
+    assert arrays[io.PROMPT_IDS].tolist() == [5, 6, 7, 8]
+    assert arrays[io.PROMPT_TOKEN_BYTES].tolist() == [b"a", b"b", b"c", b"d"]
+    assert arrays[io.PROMPT_TOKEN_LOGPROBS].tolist() == [-1.0, -9999.0, -2.0]
+    np.testing.assert_array_equal(arrays[io.PROMPT_TOP_LOGPROB_IDS], out.prompt.top_ids)
+    np.testing.assert_array_equal(arrays[io.PROMPT_TOP_LOGPROBS], out.prompt.top_logprobs)
+    np.testing.assert_array_equal(
+        arrays[io.PROMPT_LOGPROB_TOKEN_LOGPROBS], out.prompt.token_id_logprobs
+    )
+    assert arrays[io.PROMPT_TOP_LOGPROB_TOKEN_BYTES].reshape(-1).tolist() == out.prompt.top_bytes

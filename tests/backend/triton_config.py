@@ -1,0 +1,37 @@
+"""The repository's config.pbtxt files, read as tests need them, and Triton's `model_config`."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MODEL_REPOSITORY = REPO_ROOT / "model_repository"
+PARAMETER = re.compile(r'parameters \{ key: "(\w+)" value: \{ string_value: "([^"]*)" \} \}')
+
+
+def config_parameters(model: str) -> dict[str, str]:
+    """The `parameters` of `model_repository/<model>/config.pbtxt`, as written there."""
+    return dict(PARAMETER.findall((MODEL_REPOSITORY / model / "config.pbtxt").read_text()))
+
+
+def config_tensors(model: str, section: str) -> dict[str, str]:
+    """Name -> data_type of the `input` or `output` tensors of `model`'s config.pbtxt."""
+    text = (MODEL_REPOSITORY / model / "config.pbtxt").read_text()
+    body = text.split(f"\n{section} [", 1)[1].split("\n]", 1)[0]
+    return dict(re.findall(r'name: "(\w+)", data_type: (TYPE_\w+)', body))
+
+
+def model_config_json(model: str, parameters: dict[str, str], decoupled: bool | None) -> str:
+    """`args["model_config"]` as Triton passes it (only the fields the models read)."""
+    config: dict[str, Any] = {
+        "name": model,
+        "backend": "python",
+        "max_batch_size": 0,
+        "parameters": {key: {"string_value": value} for key, value in parameters.items()},
+    }
+    if decoupled is not None:
+        config["model_transaction_policy"] = {"decoupled": decoupled}
+    return json.dumps(config)

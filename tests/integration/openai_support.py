@@ -1,0 +1,111 @@
+"""Helpers of the OpenAI-adapter integration tests: Triton called directly, reference checks."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from backend import triton_io as io
+from tests.reference import reference_logprobs, tokenizer
+from tests.streaming import StreamResult, generate
+
+ATOL = 1e-4
+MODEL = "test-model"  # the adapter fixture's --served-model-name
+
+
+def token_id(token: str) -> int:
+    """The id in a `return_tokens_as_token_ids` token, "token_id:N"."""
+    match = re.fullmatch(r"token_id:(\d+)", token)
+    assert match, f"not a token_id:N token: {token!r}"
+    return int(match.group(1))
+
+
+def distinct(ids: Sequence[int]) -> list[int]:
+    return list(dict.fromkeys(ids))
+
+
+def text_prompt_ids(model_dir: Path, prompt: str) -> list[int]:
+    """What `preprocessing` makes of a completions prompt."""
+    return tokenizer(model_dir)(prompt)["input_ids"]
+
+
+def chat_prompt_ids(model_dir: Path, messages: list[dict[str, str]]) -> list[int]:
+    """What `preprocessing` makes of chat messages: the template with the generation prompt."""
+    tok = tokenizer(model_dir)
+    rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tok(rendered, add_special_tokens=False)["input_ids"]
+
+
+def triton_direct(
+    grpc_url: str,
+    *,
+    text: str | None = None,
+    messages: list[dict[str, str]] | None = None,
+    max_tokens: int,
+    logprobs: int | None = None,
+    logprob_token_ids: Sequence[int] = (),
+) -> StreamResult:
+    """The same greedy request sent to Triton's `ensemble` with tritonclient, no adapter."""
+    arrays: dict[str, np.ndarray] = {
+        io.MAX_TOKENS: np.array([max_tokens], np.int32),
+        io.TEMPERATURE: np.array([0.0], np.float32),
+    }
+    if text is not None:
+        arrays[io.TEXT_INPUT] = np.array([text.encode()], dtype=object)
+    else:
+        arrays[io.MESSAGES] = np.array([json.dumps(messages).encode()], dtype=object)
+    if logprobs is not None:
+        arrays[io.LOGPROBS] = np.array([logprobs], np.int32)
+    if logprob_token_ids:
+        arrays[io.LOGPROB_TOKEN_IDS] = np.array(logprob_token_ids, np.int32)
+    result = generate(grpc_url, "ensemble", arrays)
+    assert result.error is None, result.error
+    return result
+
+
+def assert_near_reference(
+    model_dir: Path,
+    prompt_ids: list[int],
+    output_ids: list[int],
+    positions: Sequence[dict[int, float]],
+) -> None:
+    """Each position's {id: logprob} equals the float64 log-softmax within ATOL."""
+    ref = reference_logprobs(model_dir, prompt_ids, output_ids)
+    assert len(positions) == len(output_ids)
+    for i, entries in enumerate(positions):
+        for token, logprob in entries.items():
+            assert math.isfinite(logprob) and logprob <= 0, (i, token, logprob)
+            assert abs(logprob - ref[i, token]) < ATOL, (i, token, logprob, ref[i, token])
+
+
+def metric(metrics_url: str, name: str) -> float:
+    """One of the engine's counters or gauges from Triton's Prometheus endpoint."""
+    with urllib.request.urlopen(metrics_url, timeout=5) as reply:
+        body = reply.read().decode()
+    match = re.search(rf'^{name}\{{[^}}]*model="llm"[^}}]*\}} ([0-9.e+]+)$', body, re.MULTILINE)
+    assert match, f"{name} not in Triton's metrics"
+    return float(match.group(1))
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def sse_events(lines: Sequence[str]) -> list[Any]:
+    """The JSON payloads of an SSE body's `data:` lines, then "[DONE]"."""
+    data = [line[len("data: ") :] for line in lines if line.startswith("data: ")]
+    assert data and data[-1] == "[DONE]", data[-3:]
+    return [json.loads(d) for d in data[:-1]] + ["[DONE]"]

@@ -1,0 +1,130 @@
+"""Every 400 / 404 through the real adapter: OpenAI error objects naming the field."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.openai_support import MODEL
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MESSAGES = [{"role": "user", "content": "Hi"}]
+TOO_LONG_TEXT = "hello " * 300  # more tokens than the test server's 256-token context
+
+
+def completion(**fields: object) -> dict[str, object]:
+    return {"model": MODEL, "prompt": "Hi", "max_tokens": 2, **fields}
+
+
+def chat(**fields: object) -> dict[str, object]:
+    return {"model": MODEL, "messages": MESSAGES, "max_tokens": 2, **fields}
+
+
+CASES = [
+    # logprob_token_ids rules (DESIGN §4)
+    (COMPLETIONS, completion(logprobs=0, logprob_token_ids=[]), "logprob_token_ids", "empty"),
+    (CHAT, chat(logprob_token_ids=[1]), "logprob_token_ids", "requires `logprobs: true`"),
+    (COMPLETIONS, completion(logprob_token_ids=[1]), "logprob_token_ids", "requires `logprobs`"),
+    (
+        COMPLETIONS,
+        completion(logprobs=0, logprob_token_ids=[1], echo=True, max_tokens=0),
+        "logprob_token_ids",
+        "`echo: true` and `max_tokens: 0`",
+    ),
+    (
+        CHAT,
+        chat(logprobs=True, logprob_token_ids=[1], use_beam_search=True),
+        "logprob_token_ids",
+        "beam search",
+    ),
+    (
+        COMPLETIONS,
+        completion(logprobs=0, logprob_token_ids=[1, 1024]),
+        "logprob_token_ids",
+        "id 1024 is outside the vocabulary [0, 1024)",
+    ),
+    (
+        CHAT,
+        chat(logprobs=True, logprob_token_ids=[70000], stream=True),
+        "logprob_token_ids",
+        "id 70000 is outside the vocabulary [0, 1024)",
+    ),
+    (
+        CHAT,
+        chat(logprobs=True, logprob_token_ids=list(range(1025))),
+        "logprob_token_ids",
+        "at most 1024",
+    ),
+    (
+        COMPLETIONS,
+        completion(logprobs=0, logprob_token_ids=[1, "2"]),
+        "logprob_token_ids",
+        "integer token ids",
+    ),
+    # standard rules
+    (CHAT, chat(logprobs=True, top_logprobs=21), "top_logprobs", "at most 20"),
+    (COMPLETIONS, completion(logprobs=21), "logprobs", "at most 20"),
+    (CHAT, chat(top_logprobs=2), "top_logprobs", "requires `logprobs: true`"),
+    (COMPLETIONS, completion(max_tokens=-1), "max_tokens", "greater than or equal to 0"),
+    (CHAT, chat(max_completion_tokens=-1), "max_completion_tokens", "greater than or equal"),
+    (COMPLETIONS, completion(prompt=TOO_LONG_TEXT), "prompt", "the context holds 256"),
+    (COMPLETIONS, completion(prompt=[5] * 300, stream=True), "prompt", "the context holds 256"),
+    (
+        CHAT,
+        chat(messages=[{"role": "user", "content": TOO_LONG_TEXT}]),
+        "messages",
+        "the context holds 256",
+    ),
+    (COMPLETIONS, completion(prompt=["a", "b"]), "prompt", "one prompt per request"),
+    # not supported yet
+    (COMPLETIONS, completion(n=2), "n", "not supported"),
+    (COMPLETIONS, completion(echo=True), "echo", "not supported"),
+    (COMPLETIONS, completion(best_of=3), "best_of", "not supported"),
+    (COMPLETIONS, completion(suffix="x"), "suffix", "not supported"),
+    (CHAT, chat(logit_bias={"5": 100}), "logit_bias", "not supported"),
+    (CHAT, chat(presence_penalty=0.5), "presence_penalty", "not supported"),
+    (CHAT, chat(frequency_penalty=0.5), "frequency_penalty", "not supported"),
+    (CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", "not supported"),
+    (CHAT, chat(response_format={"type": "json_object"}), "response_format", "not supported"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param", "message"), CASES)
+def test_bad_requests_are_400(
+    http: httpx.Client, path: str, body: dict, param: str, message: str
+) -> None:
+    response = http.post(path, json=body)
+    assert response.status_code == 400, response.text
+    assert response.headers["content-type"] == "application/json"  # also for stream: true
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert message in error["message"]
+
+
+def test_sdk_raises_bad_request_with_the_param(openai_client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        openai_client.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,
+            logprobs=True,
+            extra_body={"logprob_token_ids": [2000]},
+        )
+    assert info.value.status_code == 400
+    assert info.value.param == "logprob_token_ids"
+
+
+def test_unknown_model_is_404(openai_client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        openai_client.completions.create(model="gpt-4o", prompt="Hi")
+    assert info.value.code == "model_not_found"
+
+
+def test_server_still_answers_after_errors(http: httpx.Client) -> None:
+    for _ in range(3):
+        assert http.post(COMPLETIONS, json=completion(logprobs=99)).status_code == 400
+    response = http.post(COMPLETIONS, json=completion(max_tokens=3, ignore_eos=True))
+    assert response.status_code == 200
+    assert response.json()["usage"]["completion_tokens"] == 3

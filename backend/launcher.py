@@ -1,8 +1,10 @@
-"""`make serve`: build the default model if needed, write the repository, run tritonserver.
+"""`make serve`: build the default model if needed, write the repository, run tritonserver and
+the OpenAI adapter in front of it.
 
-Waits until Triton is ready, logs where it listens, and on Ctrl-C / SIGTERM stops tritonserver
-and its backend stubs. `--model-path` serves any Hugging Face causal-LM folder instead of the
-default model; `--tritonserver` runs a system binary (a Triton container), not the bundled one.
+Waits until both are ready, logs where they listen, and on Ctrl-C / SIGTERM stops the adapter,
+then tritonserver and its backend stubs. `--model-path` serves any Hugging Face causal-LM folder
+instead of the default model; `--tritonserver` runs a system binary (a Triton container), not
+the bundled one; `--adapter-port 0` serves Triton alone.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from backend import default_model
+from backend.adapter_server import AdapterServer
+from backend.processes import ChildProcess
 from backend.repository import known_parameters, write_repository
 from backend.tritonserver import TritonServer
 
@@ -25,40 +30,46 @@ RUN_DIR = default_model.REPO_ROOT / ".cache" / "run"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument(
+    add = parser.add_argument
+    add(
         "--model-path",
         type=Path,
         default=None,
         help="Hugging Face causal-LM folder (default: build the default model)",
     )
-    parser.add_argument(
-        "--host", default="127.0.0.1", help="address tritonserver binds (default: loopback only)"
-    )
-    parser.add_argument("--http-port", type=int, default=8000)
-    parser.add_argument("--grpc-port", type=int, default=8001)
-    parser.add_argument("--metrics-port", type=int, default=8002)
-    parser.add_argument(
+    add("--host", default="127.0.0.1", help="address tritonserver binds (default: loopback only)")
+    add("--http-port", type=int, default=8000)
+    add("--grpc-port", type=int, default=8001)
+    add("--metrics-port", type=int, default=8002)
+    add(
         "--tritonserver",
         type=Path,
         default=None,
         help="system tritonserver binary (default: the one in nvidia-pytriton)",
     )
-    parser.add_argument("--backend-directory", type=Path, default=None)
-    parser.add_argument(
+    add("--backend-directory", type=Path, default=None)
+    add(
         "--run-dir",
         type=Path,
         default=RUN_DIR,
-        help="where the served model repository and logs are written",
+        help="where the served model repository and the logs are written",
     )
-    parser.add_argument(
+    add(
         "--set",
         action="append",
         default=[],
         metavar="KEY=VALUE",
         help=f"llm config parameter, one of {sorted(known_parameters())}",
     )
-    parser.add_argument("--ready-timeout", type=float, default=300.0)
-    return parser.parse_args(argv)
+    add("--adapter-host", default="0.0.0.0", help="address the OpenAI adapter binds")
+    add("--adapter-port", type=int, default=9000, help="0 = do not start the adapter")
+    add(
+        "--served-model-name",
+        default=None,
+        help="model id in the OpenAI API (default: the model folder's name)",
+    )
+    add("--ready-timeout", type=float, default=300.0)
+    return parser.parse_args(argv)  # fmt: skip
 
 
 def _parameters(pairs: list[str]) -> dict[str, str]:
@@ -88,6 +99,43 @@ def build_server(args: argparse.Namespace) -> TritonServer:
     )
 
 
+def build_adapter(args: argparse.Namespace, server: TritonServer) -> AdapterServer | None:
+    if not args.adapter_port:
+        return None
+    return AdapterServer(
+        triton_url=server.grpc_url,
+        host=args.adapter_host,
+        port=args.adapter_port,
+        served_model_name=args.served_model_name,
+        log_path=args.run_dir / "adapter.log",
+    )
+
+
+def serve(
+    processes: list[ChildProcess],
+    stop: threading.Event,
+    ready_timeout: float,
+    on_ready: Callable[[], None],
+) -> int:
+    """Start each process in order and wait for it, then watch them until `stop` or one exits;
+    stop them all in reverse order whatever happens."""
+    try:
+        for process in processes:
+            process.start()
+            process.wait_ready(ready_timeout)
+        on_ready()
+        while not stop.wait(1.0):
+            for process in processes:
+                if not process.running:
+                    logger.error("%s exited\n%s", process.name, process.log_tail())
+                    return 1
+        return 0
+    finally:
+        for process in reversed(processes):
+            logger.info("stopping %s", process.name)
+            process.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = parse_args(argv)
@@ -96,25 +144,19 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     started = time.monotonic()
     server = build_server(args)
-    server.start()
-    try:
-        server.wait_ready(args.ready_timeout)
+    adapter = build_adapter(args, server)
+
+    def announce() -> None:
         logger.info(
-            "ready in %.1f s: HTTP %s, gRPC %s, metrics %s (log: %s)",
-            time.monotonic() - started,
-            server.http_url,
-            server.grpc_url,
-            server.metrics_url,
-            server.log_path,
-        )
-        while not stop.wait(1.0):
-            if server._process is None or server._process.poll() is not None:
-                logger.error("tritonserver exited\n%s", server.log_tail())
-                return 1
-    finally:
-        logger.info("stopping tritonserver")
-        server.stop()
-    return 0
+            "ready in %.1f s: Triton HTTP %s, gRPC %s, metrics %s (logs in %s)",
+            time.monotonic() - started, server.http_url, server.grpc_url, server.metrics_url,
+            args.run_dir,
+        )  # fmt: skip
+        if adapter is not None:
+            logger.info("OpenAI API: %s", adapter.base_url)
+
+    processes: list[ChildProcess] = [server] if adapter is None else [server, adapter]
+    return serve(processes, stop, args.ready_timeout, announce)
 
 
 if __name__ == "__main__":

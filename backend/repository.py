@@ -7,6 +7,7 @@ copy so the source tree stays untouched.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -31,6 +32,16 @@ def known_parameters(model: str = "llm", template: Path = TEMPLATE) -> set[str]:
     return {match.group(2) for match in _PARAMETER.finditer(text)}
 
 
+def context_length(model_path: Path) -> int:
+    """`max_position_embeddings` from the model's config.json (0 when absent)."""
+    config_path = Path(model_path) / "config.json"
+    if not config_path.exists():
+        return 0
+    config = json.loads(config_path.read_text())
+    config = config.get("text_config", config)
+    return int(config.get("max_position_embeddings") or 0)
+
+
 def write_repository(
     dest: Path,
     model_path: Path,
@@ -39,6 +50,8 @@ def write_repository(
 ) -> Path:
     """Copy `template` to `dest` (replaced), pointing every model at `model_path`."""
     values = {**(parameters or {}), "model_path": str(Path(model_path).resolve())}
+    if values.get("max_model_len", "0") == "0" and (context := context_length(model_path)):
+        values["max_model_len"] = str(context)  # so clients (the adapter) can read the limit
     unknown = set(values) - known_parameters("llm", template) - {"model_path"}
     if unknown:
         raise ValueError(f"unknown llm parameters: {sorted(unknown)}")

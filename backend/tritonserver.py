@@ -1,4 +1,4 @@
-"""Start, wait for and stop tritonserver: the one bundled in nvidia-pytriton, or a system one.
+"""Run tritonserver: the one bundled in nvidia-pytriton, or a system one (a Triton container).
 
 The bundled server (Triton 2.51) needs three things to run Python-backend models from this venv:
 the backend stub for the running Python in `backends/python/`, this venv's `bin` first on PATH
@@ -8,29 +8,13 @@ Python's own libpython first on LD_LIBRARY_PATH (or the stub may load another pa
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import sysconfig
-import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
-logger = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from backend.processes import ChildProcess, free_port
 
 
 def embedded_tritonserver() -> tuple[Path, Path]:
@@ -48,44 +32,34 @@ def embedded_tritonserver() -> tuple[Path, Path]:
     return root / "bin" / "tritonserver", root / "backends"
 
 
-def _server_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    libs = [sysconfig.get_config_var("LIBDIR") or ""]
-    try:
-        import pytriton
+class TritonServer(ChildProcess):
+    """tritonserver on `model_repository`; ports of 0 are replaced by free ones.
 
-        libs.append(str(Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"))
-    except ImportError:
-        pass
-    env["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, env.get("LD_LIBRARY_PATH", "")])
-    return env
-
-
-@dataclass
-class TritonServer:
-    """A tritonserver child process; a context manager that waits for readiness and cleans up.
-
-    Ports of 0 are replaced by free ones. `tritonserver` is a system binary (a container's
-    /opt/tritonserver/bin/tritonserver); None uses the bundled one.
+    `tritonserver` is a system binary (a container's /opt/tritonserver/bin/tritonserver); None
+    uses the bundled one. A context manager: ready on entry, stopped (stubs included) on exit.
     """
 
-    model_repository: Path
-    http_port: int = 8000
-    grpc_port: int = 8001
-    metrics_port: int = 8002
-    host: str = "127.0.0.1"
-    tritonserver: Path | None = None
-    backend_directory: Path | None = None
-    log_path: Path | None = None
-    extra_args: list[str] = field(default_factory=list)
-    _process: subprocess.Popen | None = field(default=None, init=False, repr=False)
-    _log_file: object = field(default=None, init=False, repr=False)
+    name = "tritonserver"
 
-    def __post_init__(self) -> None:
-        self.http_port = self.http_port or free_port()
-        self.grpc_port = self.grpc_port or free_port()
-        self.metrics_port = self.metrics_port or free_port()
+    def __init__(
+        self,
+        model_repository: Path,
+        http_port: int = 8000,
+        grpc_port: int = 8001,
+        metrics_port: int = 8002,
+        host: str = "127.0.0.1",
+        tritonserver: Path | None = None,
+        backend_directory: Path | None = None,
+        log_path: Path | None = None,
+    ) -> None:
+        super().__init__(log_path)
+        self.model_repository = model_repository
+        self.http_port = http_port or free_port()
+        self.grpc_port = grpc_port or free_port()
+        self.metrics_port = metrics_port or free_port()
+        self.host = host
+        self.tritonserver = tritonserver
+        self.backend_directory = backend_directory
 
     @property
     def http_url(self) -> str:
@@ -98,6 +72,10 @@ class TritonServer:
     @property
     def metrics_url(self) -> str:
         return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    @property
+    def ready_url(self) -> str:
+        return f"{self.http_url}/v2/health/ready"
 
     def command(self) -> list[str]:
         binary, backends = self.tritonserver, self.backend_directory
@@ -119,77 +97,17 @@ class TritonServer:
         ]
         if backends is not None:
             command.append(f"--backend-directory={backends}")
-        return command + self.extra_args
+        return command
 
-    def start(self) -> None:
-        output = subprocess.DEVNULL
-        if self.log_path is not None:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log_file = output = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
-        logger.info("starting %s", " ".join(self.command()))
-        # Its own session, so stop() can also reach the backend stubs it forked.
-        self._process = subprocess.Popen(
-            self.command(),
-            env=_server_env(),
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def is_ready(self) -> bool:
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        libs = [sysconfig.get_config_var("LIBDIR") or ""]
         try:
-            with urllib.request.urlopen(f"{self.http_url}/v2/health/ready", timeout=2) as reply:
-                return reply.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+            import pytriton
 
-    def wait_ready(self, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._process is not None and self._process.poll() is not None:
-                raise RuntimeError(
-                    f"tritonserver exited with {self._process.returncode}\n" + self.log_tail()
-                )
-            if self.is_ready():
-                return
-            time.sleep(0.25)
-        raise TimeoutError(f"tritonserver not ready after {timeout_s:.0f} s\n" + self.log_tail())
-
-    def log_tail(self, lines: int = 40) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM (tritonserver unloads models and stops the stubs), then kill what is left."""
-        process, self._process = self._process, None
-        if process is not None:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=timeout_s)
-                except subprocess.TimeoutExpired:
-                    logger.warning("tritonserver did not stop in %.0f s; killing it", timeout_s)
-            with contextlib.suppress(ProcessLookupError):  # the stubs, if any outlived it
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
-
-    def __enter__(self) -> TritonServer:
-        self.start()
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+            libs.append(str(Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"))
+        except ImportError:
+            pass
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, env.get("LD_LIBRARY_PATH", "")])
+        return env

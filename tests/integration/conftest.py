@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.adapter_server import AdapterServer
+from backend.adapter_server import AdapterServer
 
 
 @pytest.fixture(scope="session")
@@ -16,7 +16,10 @@ def adapter_server(
     triton_server, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[AdapterServer]:
     log_path = tmp_path_factory.mktemp("adapter") / "adapter.log"
-    with AdapterServer(triton_url=triton_server.grpc_url, log_path=log_path) as server:
+    server = AdapterServer(
+        triton_url=triton_server.grpc_url, port=0, served_model_name="test-model", log_path=log_path
+    )
+    with server:
         yield server
 
 

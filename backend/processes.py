@@ -1,0 +1,120 @@
+"""A child server process: started in its own session, ready when an HTTP URL answers 200,
+stopped with a signal and then, whatever is left of its process group, killed."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import TypeVar
+
+logger = logging.getLogger(__name__)
+_Process = TypeVar("_Process", bound="ChildProcess")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ChildProcess:
+    """Subclasses give `command()`, `ready_url` and, if needed, `env()` and `stop_signal`."""
+
+    stop_signal = signal.SIGTERM
+    name = "process"
+
+    def __init__(self, log_path: Path | None = None) -> None:
+        self.log_path = log_path
+        self._process: subprocess.Popen | None = None
+        self._log = None
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    @property
+    def ready_url(self) -> str:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self) -> None:
+        output = subprocess.DEVNULL
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = output = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
+        command = self.command()
+        logger.info("starting %s: %s", self.name, " ".join(command))
+        # Its own session, so stop() also reaches what it forked (Triton's backend stubs).
+        self._process = subprocess.Popen(
+            command, env=self.env(), stdout=output, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.ready_url, timeout=2) as reply:
+                return reply.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._process is not None and self._process.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {self._process.returncode}\n{self.log_tail()}"
+                )
+            if self.is_ready():
+                return
+            time.sleep(0.25)
+        raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f} s\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            if process.poll() is None:
+                process.send_signal(self.stop_signal)
+                try:
+                    process.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    logger.warning("%s did not stop in %.0f s; killing it", self.name, timeout_s)
+            with contextlib.suppress(ProcessLookupError):  # anything that outlived it
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self: _Process) -> _Process:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:  # fmt: skip
+        self.stop()

@@ -17,6 +17,7 @@ from tests.reference import reference_greedy, reference_logprobs, tokenizer
 from tests.streaming import Streamer, generate
 
 ATOL = 1e-4
+TRUE = np.array([True])  # IGNORE_EOS: unseeded sampling may draw EOS early
 
 
 def i32(*values: int) -> np.ndarray:
@@ -189,7 +190,9 @@ def test_cancelled_stream_stops_generating(triton_server, passage_ids):
     assert metric(triton_server, "llm_generated_tokens_total") == generated
     # The server serves the next request.
     result = generate(
-        triton_server.grpc_url, "llm", {io.INPUT_IDS: i32(*passage_ids[:3]), io.MAX_TOKENS: i32(5)}
+        triton_server.grpc_url,
+        "llm",
+        {io.INPUT_IDS: i32(*passage_ids[:3]), io.MAX_TOKENS: i32(5), io.IGNORE_EOS: TRUE},
     )
     assert result.error is None and len(result.token_ids) == 5
 
@@ -234,7 +237,9 @@ def test_bad_input_is_refused_and_the_next_request_succeeds(triton_server, input
     try:
         bad = streamer.run("llm", inputs)
         assert bad.error is not None and message in bad.error
-        good = streamer.run("llm", {io.INPUT_IDS: i32(1, 2), io.MAX_TOKENS: i32(3)})
+        good = streamer.run(
+            "llm", {io.INPUT_IDS: i32(1, 2), io.MAX_TOKENS: i32(3), io.IGNORE_EOS: TRUE}
+        )
         assert good.error is None and len(good.token_ids) == 3
     finally:
         streamer.close()
@@ -390,7 +395,7 @@ def test_many_threads_share_the_server(triton_server, passage_ids):
             generate(
                 triton_server.grpc_url,
                 "llm",
-                {io.INPUT_IDS: i32(*passage_ids[:2]), io.MAX_TOKENS: i32(n)},
+                {io.INPUT_IDS: i32(*passage_ids[:2]), io.MAX_TOKENS: i32(n), io.IGNORE_EOS: TRUE},
             )
         )
 

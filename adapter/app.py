@@ -26,7 +26,11 @@ from adapter.errors import (
 )
 from adapter.models import OpenAIServingModels
 from adapter.router import router as common_router
+from adapter.scoring.router import router as scoring_router
+from adapter.scoring.serving import OpenAIServingGenerativeScoring
 from adapter.settings import AdapterSettings
+from adapter.tokenize.router import router as tokenize_router
+from adapter.tokenize.serving import OpenAIServingTokenization
 from adapter.triton_client import Engine, TritonEngine
 
 logger = logging.getLogger(__name__)
@@ -101,6 +105,8 @@ def create_app(settings: AdapterSettings | None = None, engine: Engine | None = 
         app.state.models = models
         app.state.completion_serving = OpenAIServingCompletion(triton, models)
         app.state.chat_serving = OpenAIServingChat(triton, models)
+        app.state.tokenization_serving = OpenAIServingTokenization(triton, models)
+        app.state.scoring_serving = OpenAIServingGenerativeScoring(triton, models)
         try:
             yield
         finally:
@@ -111,4 +117,6 @@ def create_app(settings: AdapterSettings | None = None, engine: Engine | None = 
     app.include_router(common_router)
     app.include_router(completions_router)
     app.include_router(chat_router)
+    app.include_router(tokenize_router)
+    app.include_router(scoring_router)
     return app

@@ -9,6 +9,8 @@ from fastapi import Depends, Request
 from adapter.chat.serving import OpenAIServingChat
 from adapter.completions.serving import OpenAIServingCompletion
 from adapter.models import OpenAIServingModels
+from adapter.scoring.serving import OpenAIServingGenerativeScoring
+from adapter.tokenize.serving import OpenAIServingTokenization
 from adapter.triton_client import Engine
 
 
@@ -28,7 +30,17 @@ def get_chat_serving(request: Request) -> OpenAIServingChat:
     return request.app.state.chat_serving
 
 
+def get_tokenization_serving(request: Request) -> OpenAIServingTokenization:
+    return request.app.state.tokenization_serving
+
+
+def get_scoring_serving(request: Request) -> OpenAIServingGenerativeScoring:
+    return request.app.state.scoring_serving
+
+
 EngineDep = Annotated[Engine, Depends(get_engine)]
 ModelsDep = Annotated[OpenAIServingModels, Depends(get_models)]
 CompletionServingDep = Annotated[OpenAIServingCompletion, Depends(get_completion_serving)]
 ChatServingDep = Annotated[OpenAIServingChat, Depends(get_chat_serving)]
+TokenizationServingDep = Annotated[OpenAIServingTokenization, Depends(get_tokenization_serving)]
+ScoringServingDep = Annotated[OpenAIServingGenerativeScoring, Depends(get_scoring_serving)]

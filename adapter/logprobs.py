@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from adapter.errors import EngineError
-from adapter.tensors import TritonOutput
+from adapter.tensors import LogprobRows, PromptOutput, TritonOutput
 
 
 @dataclass(frozen=True)
@@ -24,40 +24,48 @@ class TokenLogprob:
     logprob: float
 
     def text(self, as_token_ids: bool) -> str:
-        if as_token_ids:
-            return f"token_id:{self.token_id}"
-        return self.token_bytes.decode("utf-8", errors="replace")
+        return token_text(self.token_id, self.token_bytes, as_token_ids)
+
+
+def token_text(token_id: int, token_bytes: bytes, as_token_ids: bool) -> str:
+    """A token as the API shows it (see the module docstring)."""
+    if as_token_ids:
+        return f"token_id:{token_id}"
+    return token_bytes.decode("utf-8", errors="replace")
 
 
 @dataclass(frozen=True)
 class PositionLogprobs:
-    """One generated position: the sampled token and what goes into its `top_logprobs`."""
+    """One position: its token (sampled, or the prompt's) and what goes into `top_logprobs`."""
 
     sampled: TokenLogprob
     alternatives: tuple[TokenLogprob, ...]
-    """With explicit ids: the sampled token, then each requested id other than it, in request
-    order. Otherwise the natural top-k in rank order."""
+    """With explicit ids: the position's token, then each requested id other than it, in
+    request order. Otherwise the natural top-k in rank order."""
     explicit: bool
 
 
 class LogprobsCollector:
-    """Turns each response of one request into positions.
+    """Turns each response of one request into positions, generated and prompt ones.
 
     Stateful because LOGPROB_TOKEN_BYTES (the requested ids' bytes) comes on the first
-    response only.
+    response only. The model sends no bytes for PROMPT_LOGPROB_TOKEN_IDS: the caller passes
+    them (`prompt_id_bytes`), or nothing when tokens are shown as ids.
     """
 
-    def __init__(self, logprob_token_ids: Sequence[int]) -> None:
+    def __init__(
+        self,
+        logprob_token_ids: Sequence[int],
+        prompt_logprob_token_ids: Sequence[int] = (),
+        prompt_id_bytes: Sequence[bytes] = (),
+    ) -> None:
         self._ids = tuple(logprob_token_ids)
         self._id_bytes: tuple[bytes, ...] | None = None
+        bytes_or_blank = tuple(prompt_id_bytes) or (b"",) * len(prompt_logprob_token_ids)
+        self._prompt_explicit = tuple(zip(prompt_logprob_token_ids, bytes_or_blank, strict=True))
 
     def positions(self, output: TritonOutput) -> list[PositionLogprobs]:
-        n = len(output.output_ids)
-        if len(output.logprobs) != n or len(output.token_bytes) != n:
-            raise EngineError(
-                f"Triton response has {n} tokens but {len(output.logprobs)} logprobs and "
-                f"{len(output.token_bytes)} token bytes"
-            )
+        """The generated positions of one response."""
         if self._ids and self._id_bytes is None:
             if len(output.requested_token_bytes) != len(self._ids):
                 raise EngineError(
@@ -65,36 +73,47 @@ class LogprobsCollector:
                     f"{len(self._ids)} logprob_token_ids"
                 )
             self._id_bytes = tuple(output.requested_token_bytes)
-        table = output.requested_logprobs if self._ids else output.top_logprobs
-        if len(table) != n:
-            raise EngineError(f"Triton response has {n} tokens but {len(table)} logprob rows")
-        positions = []
-        for i, (token_id, token_bytes, logprob) in enumerate(
-            zip(output.output_ids, output.token_bytes, output.logprobs, strict=True)
-        ):
-            sampled = TokenLogprob(token_id, token_bytes, logprob)
-            if self._ids:
-                alternatives = (sampled, *self._requested(output.requested_logprobs[i], token_id))
-            else:
-                alternatives = tuple(
-                    TokenLogprob(*entry)
-                    for entry in zip(
-                        output.top_ids[i],
-                        output.top_token_bytes[i],
-                        output.top_logprobs[i],
-                        strict=True,
-                    )
-                )
-            positions.append(PositionLogprobs(sampled, alternatives, explicit=bool(self._ids)))
-        return positions
+        explicit = tuple(zip(self._ids, self._id_bytes or (), strict=True))
+        return _positions(output.output_ids, output.token_bytes, output, explicit)
 
-    def _requested(self, row: Sequence[float], sampled_id: int) -> list[TokenLogprob]:
-        if len(row) != len(self._ids):
-            raise EngineError(f"Triton sent {len(row)} logprobs for {len(self._ids)} ids")
-        return [
-            TokenLogprob(token_id, token_bytes, logprob)
-            for token_id, token_bytes, logprob in zip(
-                self._ids, self._id_bytes or (), row, strict=True
+    def prompt_positions(self, prompt: PromptOutput) -> list[PositionLogprobs]:
+        """Prompt tokens 1..P-1, each scored given the tokens before it (token 0 has no row)."""
+        return _positions(prompt.ids[1:], prompt.token_bytes[1:], prompt, self._prompt_explicit)
+
+
+def _positions(
+    ids: Sequence[int],
+    token_bytes: Sequence[bytes],
+    rows: LogprobRows,
+    explicit: Sequence[tuple[int, bytes]],
+) -> list[PositionLogprobs]:
+    """`explicit` (id, bytes) pairs: the requested ids, whose column j is `explicit[j]`."""
+    n = len(ids)
+    if len(rows.logprobs) != n or len(token_bytes) != n:
+        raise EngineError(
+            f"Triton response has {n} tokens but {len(rows.logprobs)} logprobs and "
+            f"{len(token_bytes)} token bytes"
+        )
+    table = rows.requested_logprobs if explicit else rows.top_logprobs
+    if len(table) != n:
+        raise EngineError(f"Triton response has {n} tokens but {len(table)} logprob rows")
+    positions = []
+    for i, sampled in enumerate(map(TokenLogprob, ids, token_bytes, rows.logprobs)):
+        if explicit:
+            row = rows.requested_logprobs[i]
+            if len(row) != len(explicit):
+                raise EngineError(f"Triton sent {len(row)} logprobs for {len(explicit)} ids")
+            alternatives = (
+                sampled,
+                *(
+                    TokenLogprob(token_id, id_bytes, logprob)
+                    for (token_id, id_bytes), logprob in zip(explicit, row, strict=True)
+                    if token_id != sampled.token_id
+                ),
             )
-            if token_id != sampled_id
-        ]
+        else:
+            alternatives = tuple(
+                map(TokenLogprob, rows.top_ids[i], rows.top_token_bytes[i], rows.top_logprobs[i])
+            )
+        positions.append(PositionLogprobs(sampled, alternatives, explicit=bool(explicit)))
+    return positions

@@ -5,31 +5,30 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Literal
+from dataclasses import replace
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from adapter.errors import InvalidRequestError
+from adapter.tensors import GenerationParams, TritonOutput
 
 logger = logging.getLogger(__name__)
 
 INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 # vLLM request extensions (vllm/entrypoints/openai/protocol.py) that change the result and that
 # the engine does not implement yet: accepted only at their neutral value, else a 400. An empty
 # tuple means only null / absent is accepted.
 VLLM_UNSUPPORTED: Mapping[str, tuple[Any, ...]] = {
     "min_p": (0,),
-    "repetition_penalty": (1,),
     "length_penalty": (1,),
-    "min_tokens": (0,),
-    "include_stop_str_in_output": (False,),
     "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,),
     "truncate_prompt_tokens": (),
-    "allowed_token_ids": (),
     "bad_words": ([],),
-    "prompt_logprobs": (),
+    "prompt_logprobs": (),  # completions: `echo` with `logprobs` returns them
     "guided_json": (),
     "guided_regex": (),
     "guided_choice": (),
@@ -99,6 +98,14 @@ class UsageInfo(BaseModel):
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
+        )
+
+    @classmethod
+    def from_choices(cls, finals: Sequence[TritonOutput], n: int) -> UsageInfo:
+        """The sum over a request's choices, `n` per prompt: each prompt counts once (vLLM)."""
+        return cls.from_counts(
+            sum(final.prompt_tokens for final in finals[::n]),
+            sum(final.completion_tokens for final in finals),
         )
 
 
@@ -195,3 +202,165 @@ def check_stream_options(stream: bool | None, stream_options: StreamOptions | No
 def distinct(ids: Sequence[int] | None) -> tuple[int, ...]:
     """Ids in first-seen order without repeats: one LOGPROB_TOKEN_LOGPROBS column per id."""
     return tuple(dict.fromkeys(ids or ()))
+
+
+def check_min_tokens(min_tokens: int | None, max_tokens: int | None) -> None:
+    """vLLM's rule: at most `max_tokens` (when the request sets a limit)."""
+    if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
+        raise InvalidRequestError(
+            f"`min_tokens` ({min_tokens}) must be at most the token limit ({max_tokens}).",
+            parameter="min_tokens",
+            value=min_tokens,
+        )
+
+
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+LogitBias = Annotated[float, Field(ge=-100, le=100)]
+
+
+class GenerationRequest(OpenAIBaseModel):
+    """What chat and completions requests share, and its conversion (`sampling_params`).
+
+    OpenAI's common fields come first, in the API reference's order, then vLLM's sampling
+    extensions; each endpoint's own fields follow in its subclass.
+    """
+
+    # https://platform.openai.com/docs/api-reference/completions/create, .../chat/create
+    model: str | None = Field(default=None, description="Served model id; null: the only one.")
+    frequency_penalty: Penalty | None = Field(
+        default=0.0,
+        description="Subtracted from each id's logit once per time the id was generated.",
+    )
+    logit_bias: dict[str, LogitBias] | None = Field(
+        default=None,
+        description="Token id (a string, as JSON keys are) -> bias in [-100, 100] added to its "
+        "logit before sampling; the reported logprobs stay raw.",
+    )
+    n: Annotated[int, Field(ge=1, le=128)] | None = Field(
+        default=1,
+        description="Independent samples of each prompt, all generated together; with `seed`, "
+        "sample i uses seed + i.",
+    )
+    presence_penalty: Penalty | None = Field(
+        default=0.0,
+        description="Subtracted once from the logit of each id generated at least once.",
+    )
+    seed: Seed | None = Field(default=None, description="Same seed, same tokens; null: random.")
+    stop: str | list[str] | None = Field(
+        default=None,
+        description="Stop strings: the text ends before the first one (after it with "
+        "`include_stop_str_in_output`).",
+    )
+    stream: bool | None = Field(
+        default=False, description="Server-sent events: a chunk per model response and choice."
+    )
+    stream_options: StreamOptions | None = None
+    temperature: Annotated[float, Field(ge=0)] | None = Field(
+        default=None, description="0 is greedy; null: 1.0."
+    )
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = Field(
+        default=None, description="Nucleus sampling; null: 1.0."
+    )
+    user: str | None = Field(default=None, description="Accepted, not used.")
+
+    # vLLM extensions (vllm/entrypoints/openai/protocol.py)
+    top_k: Annotated[int, Field(ge=-1)] | None = Field(
+        default=None, description="Sample from the k most likely tokens; -1 or 0: off."
+    )
+    repetition_penalty: Annotated[float, Field(gt=0)] | None = Field(
+        default=None,
+        description="The logits of ids in the prompt or the output: positive ones divided by "
+        "it, negative ones multiplied; 1: off.",
+    )
+    min_tokens: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="EOS and `stop_token_ids` cannot end the text before this."
+    )
+    stop_token_ids: list[int] | None = Field(
+        default=None, description="Token ids that end the generation (kept in the output)."
+    )
+    include_stop_str_in_output: bool | None = Field(
+        default=None, description="Keep the stop string at the end of the text."
+    )
+    ignore_eos: bool | None = Field(default=None, description="Keep generating after EOS.")
+    allowed_token_ids: list[int] | None = Field(
+        default=None, description="Only these ids can be sampled."
+    )
+    use_beam_search: bool | None = Field(default=False, description="Not supported.")
+    logprob_token_ids: list[int] | None = Field(
+        default=None,
+        description="Token ids whose logprobs are returned at every generated position, in "
+        "`top_logprobs` after the sampled token (which comes once, first); requires `logprobs`.",
+    )
+    return_tokens_as_token_ids: bool | None = Field(
+        default=None, description='Tokens as "token_id:N" instead of text.'
+    )
+    add_special_tokens: bool | None = Field(
+        default=None,
+        description="Tokenize with BOS etc.; null: true for a text prompt, false for chat (the "
+        "template adds its own).",
+    )
+
+    @field_validator("stop_token_ids", "allowed_token_ids", "logprob_token_ids", mode="before")
+    @classmethod
+    def _check_token_ids(cls, value: Any, info: ValidationInfo) -> Any:
+        return check_token_ids(value, parameter=info.field_name)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_logit_bias_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        """The keys are token ids written as strings (JSON object keys)."""
+        for key in value or {}:
+            try:
+                token_id = int(key)
+            except ValueError:
+                token_id = -1
+            if not 0 <= token_id <= INT32_MAX:
+                raise InvalidRequestError(
+                    f"`logit_bias` keys must be token ids, got {key!r}.",
+                    parameter="logit_bias",
+                    value=key,
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _check_generation(self) -> GenerationRequest:
+        if self.allowed_token_ids == []:
+            raise InvalidRequestError(
+                "`allowed_token_ids` must not be empty.", parameter="allowed_token_ids"
+            )
+        check_stream_options(self.stream, self.stream_options)
+        return self
+
+    def sampling_params(self) -> GenerationParams:
+        """The params both endpoints fill alike (null leaves the model's default); the endpoint
+        adds the prompt, the token limit and the logprob counts."""
+        return GenerationParams(
+            add_special_tokens=self.add_special_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=None if self.top_k is None else max(self.top_k, 0),
+            seed=self.seed,
+            stop=normalize_stop(self.stop),
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            ignore_eos=self.ignore_eos,
+            min_tokens=self.min_tokens,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            logit_bias=tuple((int(key), bias) for key, bias in (self.logit_bias or {}).items()),
+            allowed_token_ids=tuple(self.allowed_token_ids or ()),
+            logprob_token_ids=distinct(self.logprob_token_ids),
+        )
+
+    def samples(self, params: GenerationParams) -> list[GenerationParams]:
+        """`n` requests for one prompt, one a choice: sample i gets seed + i (wrapping in int64),
+        so each is reproducible and they differ."""
+        n = self.n or 1
+        if params.seed is None:
+            return [params] * n
+        span = INT64_MAX - INT64_MIN + 1
+        return [
+            replace(params, seed=(params.seed + i - INT64_MIN) % span + INT64_MIN) for i in range(n)
+        ]

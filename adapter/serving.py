@@ -1,22 +1,45 @@
-"""What both endpoints' serving share: server limits, the Triton stream, SSE framing."""
+"""What the endpoints' serving shares: server limits, Triton streams (several at once), SSE."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping, Sequence
-from contextlib import aclosing
-from typing import ClassVar
+import asyncio
+import logging
+import time
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from contextlib import aclosing, contextmanager
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel
 
 from adapter.errors import EngineError, InvalidRequestError, TritonInputError, error_response
 from adapter.models import OpenAIServingModels
+from adapter.protocol import StreamOptions, UsageInfo
 from adapter.tensors import GenerationParams, TritonOutput
 from adapter.triton_client import Engine, ModelInfo
 from backend.triton_io import (
     ADD_SPECIAL_TOKENS,
+    ALLOWED_TOKEN_IDS,
+    FREQUENCY_PENALTY,
     IGNORE_EOS,
+    INCLUDE_STOP_STR_IN_OUTPUT,
+    INPUT_IDS,
+    LOGIT_BIAS_IDS,
+    LOGIT_BIAS_VALUES,
     LOGPROB_TOKEN_IDS,
     MAX_TOKENS,
+    MIN_TOKENS,
+    PRESENCE_PENALTY,
+    REPETITION_PENALTY,
     SEED,
     STOP,
     STOP_TOKEN_IDS,
@@ -24,6 +47,10 @@ from backend.triton_io import (
     TOP_K,
     TOP_P,
 )
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 SSE_DONE = "data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -38,7 +65,15 @@ SAMPLING_TENSOR_PARAMS: Mapping[str, str] = {
     SEED: "seed",
     STOP: "stop",
     STOP_TOKEN_IDS: "stop_token_ids",
+    INCLUDE_STOP_STR_IN_OUTPUT: "include_stop_str_in_output",
     IGNORE_EOS: "ignore_eos",
+    MIN_TOKENS: "min_tokens",
+    PRESENCE_PENALTY: "presence_penalty",
+    FREQUENCY_PENALTY: "frequency_penalty",
+    REPETITION_PENALTY: "repetition_penalty",
+    LOGIT_BIAS_IDS: "logit_bias",
+    LOGIT_BIAS_VALUES: "logit_bias",
+    ALLOWED_TOKEN_IDS: "allowed_token_ids",
     LOGPROB_TOKEN_IDS: "logprob_token_ids",
 }
 """Triton input -> request field, for the inputs both endpoints send alike."""
@@ -55,6 +90,66 @@ def sse_error(exc: Exception) -> str:
     return f"data: {body.model_dump_json()}\n\n"
 
 
+async def gather_all(
+    awaitables: Iterable[Awaitable[T]],
+    discard: Callable[[T], Awaitable[Any]] | None = None,
+) -> list[T]:
+    """`asyncio.gather`, except that one failure cancels the others (gather leaves them
+    running) and hands the results already made to `discard`."""
+    tasks = [asyncio.ensure_future(awaitable) for awaitable in awaitables]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        for result in await asyncio.gather(*tasks, return_exceptions=True):
+            if discard is not None and not isinstance(result, BaseException):
+                await discard(result)
+        raise
+
+
+@dataclass(frozen=True)
+class _Failed:
+    error: Exception
+
+
+_ENDED = object()
+
+
+async def merge_streams(
+    streams: Sequence[AsyncGenerator[T, None]],
+) -> AsyncGenerator[tuple[int, T], None]:
+    """(index, item) of every stream as items arrive. One stream failing raises here; closing
+    this (a client disconnect) or a failure closes every stream, cancelling its request."""
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncGenerator[T, None]) -> None:
+        try:
+            async with aclosing(stream):
+                async for item in stream:
+                    await queue.put((index, item))
+        except Exception as exc:
+            await queue.put((index, _Failed(exc)))
+        else:
+            await queue.put((index, _ENDED))
+
+    tasks = [asyncio.ensure_future(pump(i, stream)) for i, stream in enumerate(streams)]
+    try:
+        running = len(tasks)
+        while running:
+            index, item = await queue.get()
+            if item is _ENDED:
+                running -= 1
+            elif isinstance(item, _Failed):
+                raise item.error
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class OpenAIServing:
     """Base of the endpoint servings; subclasses name the fields behind each Triton input."""
 
@@ -65,65 +160,185 @@ class OpenAIServing:
         self.models = models
 
     @staticmethod
-    def check_limits(
-        info: ModelInfo,
-        *,
-        top_logprobs: int | None,
-        top_logprobs_param: str,
-        logprob_token_ids: Sequence[int] | None,
-    ) -> None:
-        """The rules that need the model's configured maxima (DESIGN §4)."""
-        if top_logprobs is not None and top_logprobs > info.max_logprobs:
+    def check_top_logprobs(info: ModelInfo, value: int | None, parameter: str) -> None:
+        """A natural top-k count against the model's `max_logprobs` (DESIGN §4)."""
+        if value is not None and value > info.max_logprobs:
             raise InvalidRequestError(
-                f"`{top_logprobs_param}` must be at most {info.max_logprobs} (got {top_logprobs}).",
-                parameter=top_logprobs_param,
-                value=top_logprobs,
+                f"`{parameter}` must be at most {info.max_logprobs} (got {value}).",
+                parameter=parameter,
+                value=value,
             )
-        if logprob_token_ids is not None and len(logprob_token_ids) > info.max_logprob_token_ids:
+
+    @staticmethod
+    def check_id_count(info: ModelInfo, ids: Sequence[int] | None, parameter: str) -> None:
+        """An explicit id list against the model's `max_logprob_token_ids` (DESIGN §4)."""
+        if ids is not None and len(ids) > info.max_logprob_token_ids:
             raise InvalidRequestError(
-                f"`logprob_token_ids` holds {len(logprob_token_ids)} ids; at most "
-                f"{info.max_logprob_token_ids} are allowed.",
-                parameter="logprob_token_ids",
+                f"`{parameter}` holds {len(ids)} ids; at most {info.max_logprob_token_ids} are "
+                "allowed.",
+                parameter=parameter,
             )
+
+    @contextmanager
+    def field_errors(self, fields: Mapping[str, str] | None = None) -> Iterator[None]:
+        """Input the model rejects becomes a 400 naming the request field behind the tensor."""
+        fields = self.tensor_params if fields is None else fields
+        try:
+            yield
+        except TritonInputError as exc:
+            raise InvalidRequestError(
+                f"{fields.get(exc.tensor, exc.tensor)}: {exc.detail}",
+                parameter=fields.get(exc.tensor),
+            ) from exc
 
     async def outputs(
-        self, params: GenerationParams, request_id: str
+        self, params: GenerationParams, request_id: str, fields: Mapping[str, str] | None = None
     ) -> AsyncGenerator[TritonOutput, None]:
-        """The model's responses; input it rejects becomes a 400 naming the request field."""
+        """The model's responses to one request (`fields`: see `field_errors`)."""
         async with aclosing(self.engine.generate(params, request_id)) as stream:
-            try:
+            with self.field_errors(fields):
                 async for output in stream:
                     yield output
-            except TritonInputError as exc:
-                raise InvalidRequestError(
-                    f"{self.tensor_params.get(exc.tensor, exc.tensor)}: {exc.detail}",
-                    parameter=self.tensor_params.get(exc.tensor),
-                ) from exc
 
-    async def collect(self, params: GenerationParams, request_id: str) -> list[TritonOutput]:
+    async def collect(
+        self, params: GenerationParams, request_id: str, fields: Mapping[str, str] | None = None
+    ) -> list[TritonOutput]:
         """All responses of a non-streamed request, the last one final."""
-        outputs = [output async for output in self.outputs(params, request_id)]
+        outputs = [output async for output in self.outputs(params, request_id, fields)]
         if not outputs or not outputs[-1].final:
             raise EngineError("Triton ended the stream before the final response")
         return outputs
 
-    async def start_stream(
-        self, params: GenerationParams, request_id: str
-    ) -> AsyncGenerator[TritonOutput, None]:
-        """Waits for the first response before the SSE stream starts.
+    async def collect_all(
+        self,
+        choices: Sequence[GenerationParams],
+        request_id: str,
+        fields: Mapping[str, str] | None = None,
+    ) -> list[list[TritonOutput]]:
+        """Every choice's responses, all requests in flight together."""
+        return await gather_all(
+            self.collect(params, f"{request_id}-{i}", fields) for i, params in enumerate(choices)
+        )
+
+    async def start_streams(
+        self, choices: Sequence[GenerationParams], request_id: str
+    ) -> list[AsyncGenerator[TritonOutput, None]]:
+        """Every choice's stream, once each answered once (all requests in flight together).
 
         The model answers bad input with an error as its first response; raising it here
         makes it a plain HTTP 400 instead of an error event inside a 200 stream.
         """
-        outputs = self.outputs(params, request_id)
+
+        async def first(
+            params: GenerationParams, choice_id: str
+        ) -> tuple[TritonOutput, AsyncGenerator[TritonOutput, None]]:
+            outputs = self.outputs(params, choice_id)
+            try:
+                return await anext(outputs), outputs
+            except StopAsyncIteration:
+                raise EngineError("Triton ended the stream without a response") from None
+            except BaseException:
+                await outputs.aclose()
+                raise
+
+        async def close(started: tuple[TritonOutput, AsyncGenerator[TritonOutput, None]]) -> None:
+            await started[1].aclose()
+
+        started = await gather_all(
+            (first(params, f"{request_id}-{i}") for i, params in enumerate(choices)), close
+        )
+        return [_prepend(output, rest) for output, rest in started]
+
+    async def tokenize(
+        self, params: GenerationParams, request_id: str, fields: Mapping[str, str] | None = None
+    ) -> list[int]:
+        """A text or chat prompt's ids from `preprocessing` (`fields`: see `field_errors`)."""
+        with self.field_errors(fields):
+            return await self.engine.tokenize(params, request_id)
+
+    async def token_bytes(
+        self, ids: Sequence[int], info: ModelInfo, request_id: str, *, parameter: str
+    ) -> list[bytes]:
+        """Each id's bytes (special tokens' text included), `parameter` named on a bad id.
+
+        `preprocessing` cannot detokenize, so the ids go to `llm` as a prompt that is scored,
+        not continued (MAX_TOKENS 0, PROMPT_LOGPROBS 0), and PROMPT_TOKEN_BYTES comes back;
+        chunks keep each prompt inside the context.
+        """
+        size = info.max_model_len - 1 if info.max_model_len else max(len(ids), 1)
+        chunks = [tuple(ids[i : i + size]) for i in range(0, len(ids), size)]
+        fields = {INPUT_IDS: parameter}
+        results = await gather_all(
+            self.collect(
+                GenerationParams(prompt_ids=chunk, max_tokens=0, prompt_logprobs=0),
+                f"{request_id}-bytes-{i}",
+                fields,
+            )
+            for i, chunk in enumerate(chunks)
+        )
+        token_bytes: list[bytes] = []
+        for chunk, outputs in zip(chunks, results, strict=True):
+            prompt = outputs[0].prompt
+            if prompt is None or len(prompt.token_bytes) != len(chunk):
+                raise EngineError("Triton sent no PROMPT_TOKEN_BYTES for the ids")
+            token_bytes.extend(prompt.token_bytes)
+        return token_bytes
+
+    @staticmethod
+    async def sse_stream(
+        streams: Sequence[AsyncGenerator[TritonOutput, None]],
+        *,
+        response: type[BaseModel],
+        request_id: str,
+        model_name: str,
+        choice: Callable[[int, TritonOutput], BaseModel | None],
+        options: StreamOptions | None,
+        n: int,
+        lead: Sequence[BaseModel] = (),
+    ) -> AsyncIterator[str]:
+        """SSE lines: a `response` chunk for each `lead` choice, then one per model response
+        and choice (`choice` makes the choice object; None skips the response), usage summed
+        over the choices when asked, [DONE].
+
+        An error becomes an error event. A client disconnect cancels the task iterating this
+        generator; closing the merged streams then cancels the Triton requests.
+        """
+        created = int(time.time())
+
+        def chunk(choices: list[BaseModel], usage: UsageInfo | None = None) -> str:
+            # Chunks are serialized with exclude_unset: `object` and `usage` are set explicitly.
+            return sse_event(
+                response(
+                    id=request_id,
+                    object=response.model_fields["object"].default,
+                    created=created,
+                    model=model_name,
+                    choices=choices,
+                    **({"usage": usage} if usage is not None else {}),
+                )
+            )
+
+        continuous_usage = bool(options and options.continuous_usage_stats)
+        finals: list[TritonOutput | None] = [None] * len(streams)
         try:
-            first = await anext(outputs)
-        except StopAsyncIteration:
-            raise EngineError("Triton ended the stream without a response") from None
-        except BaseException:
-            await outputs.aclose()
-            raise
-        return _prepend(first, outputs)
+            for made in lead:
+                yield chunk([made])
+            async with aclosing(merge_streams(streams)) as merged:
+                async for index, output in merged:
+                    if output.final:
+                        finals[index] = output
+                    made = choice(index, output)
+                    if made is None:
+                        continue
+                    usage = UsageInfo.from_counts(output.prompt_tokens, output.completion_tokens)
+                    yield chunk([made], usage if continuous_usage else None)
+            done = [final for final in finals if final is not None]
+            if options is not None and options.include_usage and len(done) == len(finals):
+                yield chunk([], UsageInfo.from_choices(done, n))
+        except Exception as exc:
+            logger.exception("stream %s failed", request_id)
+            yield sse_error(exc)
+        yield SSE_DONE
 
 
 async def _prepend(

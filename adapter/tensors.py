@@ -13,20 +13,37 @@ from tritonclient.utils import np_to_triton_dtype
 
 from backend.triton_io import (
     ADD_SPECIAL_TOKENS,
+    ALLOWED_TOKEN_IDS,
     COMPLETION_TOKENS,
     FINISH_REASON,
+    FREQUENCY_PENALTY,
     IGNORE_EOS,
+    INCLUDE_STOP_STR_IN_OUTPUT,
     INPUT_IDS,
+    LOGIT_BIAS_IDS,
+    LOGIT_BIAS_VALUES,
     LOGPROB_TOKEN_BYTES,
     LOGPROB_TOKEN_IDS,
     LOGPROB_TOKEN_LOGPROBS,
     LOGPROBS,
     MAX_TOKENS,
     MESSAGES,
+    MIN_TOKENS,
     OUTPUT_IDS,
     OUTPUT_LOGPROBS,
     OUTPUT_TOKEN_BYTES,
+    PRESENCE_PENALTY,
+    PROMPT_IDS,
+    PROMPT_LOGPROB_TOKEN_IDS,
+    PROMPT_LOGPROB_TOKEN_LOGPROBS,
+    PROMPT_LOGPROBS,
+    PROMPT_TOKEN_BYTES,
+    PROMPT_TOKEN_LOGPROBS,
     PROMPT_TOKENS,
+    PROMPT_TOP_LOGPROB_IDS,
+    PROMPT_TOP_LOGPROB_TOKEN_BYTES,
+    PROMPT_TOP_LOGPROBS,
+    REPETITION_PENALTY,
     SEED,
     STOP,
     STOP_TOKEN_IDS,
@@ -53,6 +70,13 @@ OUTPUT_NAMES = (
     FINISH_REASON,
     PROMPT_TOKENS,
     COMPLETION_TOKENS,
+    PROMPT_IDS,
+    PROMPT_TOKEN_BYTES,
+    PROMPT_TOKEN_LOGPROBS,
+    PROMPT_TOP_LOGPROB_IDS,
+    PROMPT_TOP_LOGPROBS,
+    PROMPT_TOP_LOGPROB_TOKEN_BYTES,
+    PROMPT_LOGPROB_TOKEN_LOGPROBS,
 )
 """Every output of `llm`; each streamed response carries all of them."""
 
@@ -61,8 +85,10 @@ OUTPUT_NAMES = (
 class GenerationParams:
     """One generation request in the models' terms; `None` / empty leaves the model's default.
 
-    Exactly one prompt field is set. `logprob_token_ids` holds distinct ids: column j of
-    LOGPROB_TOKEN_LOGPROBS is then id j, with no duplicate columns to skip.
+    Exactly one prompt field is set. `logprob_token_ids` and `prompt_logprob_token_ids` hold
+    distinct ids: column j of LOGPROB_TOKEN_LOGPROBS (PROMPT_LOGPROB_TOKEN_LOGPROBS) is then id
+    j, with no duplicate columns to skip. Penalties, bias, allowed ids and min tokens change
+    sampling only; the logprobs stay raw.
     """
 
     text: str | None = None
@@ -81,10 +107,24 @@ class GenerationParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool | None = None
     ignore_eos: bool | None = None
+    min_tokens: int | None = None
+    """EOS and stop ids cannot end the generation before this many tokens."""
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(id, bias) pairs added to the logits before sampling."""
+    allowed_token_ids: tuple[int, ...] = ()
+    """Not empty: only these ids can be sampled."""
     logprobs: int | None = None
     """Natural top-k count; set (0 included) to get the sampled token's logprob."""
     logprob_token_ids: tuple[int, ...] = ()
+    prompt_logprobs: int | None = None
+    """Natural top-k count at prompt positions; set (0 included) to get the prompt's ids, bytes
+    and each token's logprob on the first response."""
+    prompt_logprob_token_ids: tuple[int, ...] = ()
 
     @property
     def needs_tokenizing(self) -> bool:
@@ -120,24 +160,37 @@ def llm_inputs(
 ) -> dict[str, np.ndarray]:
     """The `llm` model's inputs, typed as its config declares them; unset options are left out."""
     arrays: dict[str, np.ndarray] = {INPUT_IDS: np.asarray(prompt_ids, dtype=np.int32)}
-    optional: list[tuple[str, Any, type[np.generic]]] = [
+    scalars: list[tuple[str, Any, type[np.generic]]] = [
         (MAX_TOKENS, params.max_tokens, np.int32),
         (TEMPERATURE, params.temperature, np.float32),
         (TOP_P, params.top_p, np.float32),
         (TOP_K, params.top_k, np.int32),
         (SEED, params.seed, np.int64),
+        (INCLUDE_STOP_STR_IN_OUTPUT, params.include_stop_str_in_output, np.bool_),
         (IGNORE_EOS, params.ignore_eos, np.bool_),
+        (MIN_TOKENS, params.min_tokens, np.int32),
+        (PRESENCE_PENALTY, params.presence_penalty, np.float32),
+        (FREQUENCY_PENALTY, params.frequency_penalty, np.float32),
+        (REPETITION_PENALTY, params.repetition_penalty, np.float32),
         (LOGPROBS, params.logprobs, np.int32),
+        (PROMPT_LOGPROBS, params.prompt_logprobs, np.int32),
     ]
-    for name, value, dtype in optional:
+    for name, value, dtype in scalars:
         if value is not None:
             arrays[name] = _scalar(value, dtype)
     if params.stop:
         arrays[STOP] = _strings(params.stop)
-    if params.stop_token_ids:
-        arrays[STOP_TOKEN_IDS] = np.array(params.stop_token_ids, dtype=np.int32)
-    if params.logprob_token_ids:
-        arrays[LOGPROB_TOKEN_IDS] = np.array(params.logprob_token_ids, dtype=np.int32)
+    lists: list[tuple[str, Sequence[float], type[np.generic]]] = [
+        (STOP_TOKEN_IDS, params.stop_token_ids, np.int32),
+        (LOGIT_BIAS_IDS, [token for token, _ in params.logit_bias], np.int32),
+        (LOGIT_BIAS_VALUES, [bias for _, bias in params.logit_bias], np.float32),
+        (ALLOWED_TOKEN_IDS, params.allowed_token_ids, np.int32),
+        (LOGPROB_TOKEN_IDS, params.logprob_token_ids, np.int32),
+        (PROMPT_LOGPROB_TOKEN_IDS, params.prompt_logprob_token_ids, np.int32),
+    ]
+    for name, values, dtype in lists:
+        if values:
+            arrays[name] = np.array(values, dtype=dtype)
     return arrays
 
 
@@ -154,21 +207,42 @@ def to_infer_inputs(arrays: Mapping[str, np.ndarray]) -> list[grpcclient.InferIn
 
 
 @dataclass(frozen=True)
-class TritonOutput:
-    """One streamed response of the model as plain Python values (n = len(output_ids))."""
+class LogprobRows:
+    """Per-position logprob tables, laid out alike for generated and prompt positions."""
+
+    logprobs: list[float]
+    """Each position's token's logprob; [] for generated positions without LOGPROBS."""
+    top_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+    top_token_bytes: list[list[bytes]]
+    """The natural top-k per position (k = LOGPROBS, or PROMPT_LOGPROBS)."""
+    requested_logprobs: list[list[float]]
+    """Column j is explicit id j (LOGPROB_TOKEN_IDS, or PROMPT_LOGPROB_TOKEN_IDS)."""
+
+
+@dataclass(frozen=True)
+class PromptOutput(LogprobRows):
+    """The prompt's tokens and their logprobs, sent once, with the first response.
+
+    Row i-1 of each table scores prompt token i given the tokens before it (P = len(ids));
+    the first token has no row.
+    """
+
+    ids: list[int]
+    token_bytes: list[bytes]
+    """[P], special tokens' text included."""
+
+
+@dataclass(frozen=True)
+class TritonOutput(LogprobRows):
+    """One streamed response of the model as plain Python values (n = len(output_ids)), its
+    tables one row per new token."""
 
     output_ids: list[int]
     text: str
     """Text delta; stop strings are cut and a multi-byte character is never split."""
     token_bytes: list[bytes]
     """Each new token's raw bytes (possibly a partial UTF-8 sequence)."""
-    logprobs: list[float]
-    """[n] when LOGPROBS was sent, else []."""
-    top_ids: list[list[int]]
-    top_logprobs: list[list[float]]
-    top_token_bytes: list[list[bytes]]
-    requested_logprobs: list[list[float]]
-    """[n][M]: column j is LOGPROB_TOKEN_IDS[j]."""
     requested_token_bytes: list[bytes]
     """[M] on the first response of a request, [] afterwards."""
     finish_reason: str | None
@@ -177,6 +251,9 @@ class TritonOutput:
     completion_tokens: int
     """Cumulative over the request."""
     final: bool
+    prompt: PromptOutput | None = None
+    """On the first response when prompt logprobs were asked for (PROMPT_LOGPROBS or
+    PROMPT_LOGPROB_TOKEN_IDS), else None."""
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray | None], *, final: bool) -> TritonOutput:
@@ -195,18 +272,47 @@ class TritonOutput:
             raw = b"" if array is None else b"".join(array.reshape(-1).tolist())
             return raw.decode("utf-8", errors="replace")
 
+        def rows(
+            logprobs: str, top_ids: str, top_logprobs: str, top_token_bytes: str, requested: str
+        ) -> dict[str, list[Any]]:
+            """The `LogprobRows` fields from these tensors."""
+            return {
+                "logprobs": values(logprobs),
+                "top_ids": values(top_ids),
+                "top_logprobs": values(top_logprobs),
+                "top_token_bytes": values(top_token_bytes),
+                "requested_logprobs": values(requested),
+            }
+
+        prompt_ids = values(PROMPT_IDS)
+        prompt = None
+        if prompt_ids:
+            prompt = PromptOutput(
+                ids=prompt_ids,
+                token_bytes=values(PROMPT_TOKEN_BYTES),
+                **rows(
+                    PROMPT_TOKEN_LOGPROBS,
+                    PROMPT_TOP_LOGPROB_IDS,
+                    PROMPT_TOP_LOGPROBS,
+                    PROMPT_TOP_LOGPROB_TOKEN_BYTES,
+                    PROMPT_LOGPROB_TOKEN_LOGPROBS,
+                ),
+            )
         return cls(
             output_ids=values(OUTPUT_IDS),
             text=text(TEXT_OUTPUT),
             token_bytes=values(OUTPUT_TOKEN_BYTES),
-            logprobs=values(OUTPUT_LOGPROBS),
-            top_ids=values(TOP_LOGPROB_IDS),
-            top_logprobs=values(TOP_LOGPROBS),
-            top_token_bytes=values(TOP_LOGPROB_TOKEN_BYTES),
-            requested_logprobs=values(LOGPROB_TOKEN_LOGPROBS),
+            **rows(
+                OUTPUT_LOGPROBS,
+                TOP_LOGPROB_IDS,
+                TOP_LOGPROBS,
+                TOP_LOGPROB_TOKEN_BYTES,
+                LOGPROB_TOKEN_LOGPROBS,
+            ),
             requested_token_bytes=values(LOGPROB_TOKEN_BYTES),
             finish_reason=text(FINISH_REASON) or None,
             prompt_tokens=count(PROMPT_TOKENS),
             completion_tokens=count(COMPLETION_TOKENS),
             final=final,
+            prompt=prompt,
         )

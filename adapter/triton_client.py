@@ -18,7 +18,6 @@ from pathlib import PurePath
 from typing import Any, Protocol
 
 import grpc
-import numpy as np
 import tritonclient.grpc.aio as grpcclient_aio
 from tritonclient.utils import InferenceServerException
 
@@ -33,12 +32,22 @@ from adapter.tensors import (
 )
 from backend.triton_io import (
     ADD_SPECIAL_TOKENS,
+    ALLOWED_TOKEN_IDS,
+    FREQUENCY_PENALTY,
     IGNORE_EOS,
+    INCLUDE_STOP_STR_IN_OUTPUT,
     INPUT_IDS,
+    LOGIT_BIAS_IDS,
+    LOGIT_BIAS_VALUES,
     LOGPROB_TOKEN_IDS,
     LOGPROBS,
     MAX_TOKENS,
     MESSAGES,
+    MIN_TOKENS,
+    PRESENCE_PENALTY,
+    PROMPT_LOGPROB_TOKEN_IDS,
+    PROMPT_LOGPROBS,
+    REPETITION_PENALTY,
     SEED,
     STOP,
     STOP_TOKEN_IDS,
@@ -52,10 +61,10 @@ logger = logging.getLogger(__name__)
 
 INPUT_TENSORS = frozenset(
     {
-        ADD_SPECIAL_TOKENS,
         INPUT_IDS,
         TEXT_INPUT,
         MESSAGES,
+        ADD_SPECIAL_TOKENS,
         MAX_TOKENS,
         TEMPERATURE,
         TOP_P,
@@ -66,8 +75,19 @@ INPUT_TENSORS = frozenset(
         IGNORE_EOS,
         LOGPROBS,
         LOGPROB_TOKEN_IDS,
+        PROMPT_LOGPROBS,
+        PROMPT_LOGPROB_TOKEN_IDS,
+        PRESENCE_PENALTY,
+        FREQUENCY_PENALTY,
+        REPETITION_PENALTY,
+        LOGIT_BIAS_IDS,
+        LOGIT_BIAS_VALUES,
+        ALLOWED_TOKEN_IDS,
+        MIN_TOKENS,
+        INCLUDE_STOP_STR_IN_OUTPUT,
     }
 )
+"""Every input of `preprocessing` and `llm`: an error message naming one is the request's fault."""
 
 # The model reports bad input as "<TENSOR>: <detail>"; Triton may put a request-id tag and, for
 # a composing model, "in ensemble '<name>', " in front.
@@ -119,6 +139,10 @@ class Engine(Protocol):
 
     async def model_info(self) -> ModelInfo:
         """The generation model's limits; raises `EngineUnavailableError` if unreachable."""
+        ...
+
+    async def tokenize(self, params: GenerationParams, request_id: str) -> list[int]:
+        """The ids of a text or chat prompt (`preprocessing`); raises as `generate` does."""
         ...
 
     def generate(
@@ -216,7 +240,7 @@ class TritonEngine:
             logger.info("Triton model `%s`: %s", self._llm_model, self._info)
         return self._info
 
-    async def tokenize(self, params: GenerationParams, request_id: str) -> np.ndarray:
+    async def tokenize(self, params: GenerationParams, request_id: str) -> list[int]:
         """INPUT_IDS of a text or chat prompt, from the `preprocessing` model."""
         inputs = to_infer_inputs(preprocessing_inputs(params))
         try:
@@ -228,7 +252,7 @@ class TritonEngine:
         ids = result.as_numpy(INPUT_IDS)
         if ids is None:
             raise EngineError(f"`{self._preprocessing_model}` returned no {INPUT_IDS}")
-        return ids
+        return ids.tolist()
 
     async def generate(
         self, params: GenerationParams, request_id: str

@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from adapter.errors import InvalidRequestError
 from adapter.protocol import (
     INT32_MAX,
     VLLM_UNSUPPORTED,
+    GenerationRequest,
     OpenAIBaseModel,
-    StreamOptions,
     UsageInfo,
     check_logprob_token_ids,
-    check_stream_options,
-    check_token_ids,
-    distinct,
-    normalize_stop,
+    check_min_tokens,
 )
 from adapter.tensors import GenerationParams
 
@@ -72,17 +70,14 @@ class ChatMessage(OpenAIBaseModel):
         return message
 
 
-class ChatCompletionRequest(OpenAIBaseModel):
-    """The body of POST /v1/chat/completions."""
+class ChatCompletionRequest(GenerationRequest):
+    """The body of POST /v1/chat/completions; the shared fields are in `GenerationRequest`."""
 
     # https://platform.openai.com/docs/api-reference/chat/create
-    messages: list[ChatMessage] = Field(min_length=1)
-    model: str | None = Field(default=None, description="Served model id; null: the only one.")
+    messages: list[ChatMessage] = Field(min_length=1, description="The conversation so far.")
     audio: dict[str, Any] | None = Field(default=None, description="Not supported.")
-    frequency_penalty: float | None = Field(default=0.0, description="Only 0 is supported.")
     function_call: str | dict[str, Any] | None = Field(default=None, description="Not supported.")
     functions: list[dict[str, Any]] | None = Field(default=None, description="Not supported.")
-    logit_bias: dict[str, float] | None = Field(default=None, description="Not supported yet.")
     logprobs: bool | None = Field(
         default=False, description="Return the logprob of each generated token."
     )
@@ -94,68 +89,38 @@ class ChatCompletionRequest(OpenAIBaseModel):
     )
     metadata: dict[str, Any] | None = Field(default=None, description="Accepted, not used.")
     modalities: list[str] | None = Field(default=None, description='Only ["text"].')
-    n: int | None = Field(default=1, description="Only 1 is supported.")
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: bool | None = Field(default=None, description="Accepted, no tools.")
     prediction: dict[str, Any] | None = Field(default=None, description="Not supported.")
-    presence_penalty: float | None = Field(default=0.0, description="Only 0 is supported.")
-    prompt_cache_key: str | None = None
+    prompt_cache_key: str | None = Field(default=None, description="Accepted, not used.")
     reasoning_effort: str | None = Field(default=None, description="Not supported.")
     response_format: dict[str, Any] | None = Field(
         default=None, description='Only {"type": "text"}.'
     )
-    safety_identifier: str | None = None
-    seed: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] | None = None
-    service_tier: str | None = None
-    stop: str | list[str] | None = Field(default=None, description="Stop strings, not returned.")
-    store: bool | None = None
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    temperature: Annotated[float, Field(ge=0)] | None = Field(
-        default=None, description="0 is greedy; null: 1.0."
-    )
+    safety_identifier: str | None = Field(default=None, description="Accepted, not used.")
+    service_tier: str | None = Field(default=None, description="Accepted, not used.")
+    store: bool | None = Field(default=None, description="Accepted, nothing is stored.")
     tool_choice: str | dict[str, Any] | None = Field(default=None, description='Only "none".')
     tools: list[dict[str, Any]] | None = Field(default=None, description="Not supported yet.")
     top_logprobs: Annotated[int, Field(ge=0)] | None = Field(
         default=None, description="Most likely alternatives per position; needs `logprobs`."
     )
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    user: str | None = None
     verbosity: str | None = Field(default=None, description="Not supported.")
     web_search_options: dict[str, Any] | None = Field(default=None, description="Not supported.")
 
-    # vLLM extensions (vllm/entrypoints/openai/protocol.py)
-    top_k: Annotated[int, Field(ge=-1)] | None = Field(
-        default=None, description="Sample from the k most likely tokens; -1 or 0: off."
-    )
-    stop_token_ids: list[int] | None = Field(
-        default=None, description="Token ids that end the generation (kept in the output)."
-    )
-    ignore_eos: bool | None = Field(default=None, description="Keep generating after EOS.")
-    use_beam_search: bool | None = Field(default=False, description="Not supported.")
-    logprob_token_ids: list[int] | None = Field(
-        default=None,
-        description="Token ids whose logprobs are returned at every position, in "
-        "`top_logprobs` after the sampled token; requires `logprobs: true`.",
-    )
-    return_tokens_as_token_ids: bool | None = Field(
-        default=None, description='Tokens as "token_id:N" instead of text.'
-    )
-    add_special_tokens: bool | None = Field(
-        default=None,
-        description="Add BOS etc. on top of the chat template's own; null: false.",
+    # vLLM extension
+    echo: bool | None = Field(
+        default=False,
+        description="vLLM: when the last message is the assistant's, its content is returned "
+        "before the generated text (streamed as the first content delta; no logprobs).",
     )
 
     unsupported: ClassVar[Mapping[str, tuple[Any, ...]]] = {
         **VLLM_UNSUPPORTED,
         "audio": (),
-        "frequency_penalty": (0,),
         "function_call": ("none",),
         "functions": ([],),
-        "logit_bias": ({},),
         "modalities": (["text"],),
-        "n": (1,),
         "prediction": (),
-        "presence_penalty": (0,),
         "reasoning_effort": (),
         "response_format": ({"type": "text"},),
         "tool_choice": ("none",),
@@ -163,7 +128,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
         "verbosity": (),
         "web_search_options": (),
         "use_beam_search": (False,),
-        "echo": (False,),
+        "prompt_logprob_token_ids": (),  # completions only: it needs `echo` of the prompt
         "add_generation_prompt": (True,),
         "continue_final_message": (False,),
         "chat_template": (),
@@ -171,11 +136,6 @@ class ChatCompletionRequest(OpenAIBaseModel):
         "documents": (),
         "mm_processor_kwargs": (),
     }
-
-    @field_validator("logprob_token_ids", "stop_token_ids", mode="before")
-    @classmethod
-    def _check_token_ids(cls, value: Any, info: ValidationInfo) -> Any:
-        return check_token_ids(value, parameter=info.field_name)
 
     @model_validator(mode="after")
     def _check_request(self) -> ChatCompletionRequest:
@@ -189,39 +149,42 @@ class ChatCompletionRequest(OpenAIBaseModel):
             raise InvalidRequestError(
                 "`top_logprobs` requires `logprobs: true`.", parameter="top_logprobs"
             )
+        check_min_tokens(self.min_tokens, self.token_limit())
         self.reject_unsupported()
-        check_stream_options(self.stream, self.stream_options)
         return self
 
-    def to_generation_params(self, max_model_len: int | None) -> GenerationParams:
-        """The model's inputs: the user's value, else the server's default, else the model's.
+    def token_limit(self) -> int | None:
+        """The request's own limit: `max_completion_tokens`, else `max_tokens`, else None."""
+        return next(
+            (v for v in (self.max_completion_tokens, self.max_tokens) if v is not None), None
+        )
+
+    def echo_text(self) -> str:
+        """What `echo` puts before the generated text: the last message's content when it is
+        the assistant's, the role of the reply (vLLM)."""
+        last = self.messages[-1]
+        return last.to_template()["content"] if self.echo and last.role == "assistant" else ""
+
+    def to_generation_params(self, max_model_len: int | None) -> list[GenerationParams]:
+        """The model's inputs, one per choice: the user's value, else the server's default,
+        else the model's.
 
         Chat has no token limit of its own: without one the model generates until the context
         (`max_model_len`, or the model's own when unknown: INT32_MAX then reaches it) is full.
         """
-        explicit = distinct(self.logprob_token_ids)
-        max_tokens = next(
-            (v for v in (self.max_completion_tokens, self.max_tokens) if v is not None),
-            max_model_len or INT32_MAX,
-        )
+        sampling = self.sampling_params()
         logprobs = None
         if self.logprobs:
             # With explicit ids the natural top-k is not returned, so it is not computed either.
-            logprobs = 0 if explicit else (self.top_logprobs or 0)
-        return GenerationParams(
+            logprobs = 0 if sampling.logprob_token_ids else (self.top_logprobs or 0)
+        limit = self.token_limit()
+        params = replace(
+            sampling,
             messages=tuple(message.to_template() for message in self.messages),
-            add_special_tokens=self.add_special_tokens,
-            max_tokens=max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=None if self.top_k is None else max(self.top_k, 0),
-            seed=self.seed,
-            stop=normalize_stop(self.stop),
-            stop_token_ids=tuple(self.stop_token_ids or ()),
-            ignore_eos=self.ignore_eos,
+            max_tokens=(max_model_len or INT32_MAX) if limit is None else limit,
             logprobs=logprobs,
-            logprob_token_ids=explicit,
         )
+        return self.samples(params)
 
 
 class ChatCompletionLogProb(BaseModel):

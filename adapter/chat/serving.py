@@ -1,12 +1,10 @@
-"""POST /v1/chat/completions: messages -> Triton stream -> `chat.completion` or SSE chunks."""
+"""POST /v1/chat/completions: messages -> a Triton stream per choice -> `chat.completion` or SSE."""
 
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from contextlib import aclosing
 from typing import ClassVar
 
 from adapter.chat.protocol import (
@@ -23,7 +21,7 @@ from adapter.chat.protocol import (
 )
 from adapter.logprobs import LogprobsCollector, TokenLogprob
 from adapter.protocol import UsageInfo
-from adapter.serving import SAMPLING_TENSOR_PARAMS, SSE_DONE, OpenAIServing, sse_error, sse_event
+from adapter.serving import SAMPLING_TENSOR_PARAMS, OpenAIServing
 from adapter.tensors import GenerationParams, TritonOutput
 from backend.triton_io import INPUT_IDS, LOGPROBS, MESSAGES
 
@@ -36,6 +34,7 @@ class ChatLogprobsBuilder:
     def __init__(self, params: GenerationParams, *, as_token_ids: bool) -> None:
         self._collector = LogprobsCollector(params.logprob_token_ids)
         self._as_token_ids = as_token_ids
+        self._logprobs = params.logprobs is not None
 
     def _entry(self, token: TokenLogprob) -> ChatCompletionLogProb:
         return ChatCompletionLogProb(
@@ -44,7 +43,10 @@ class ChatLogprobsBuilder:
             bytes=list(token.token_bytes),
         )
 
-    def build(self, outputs: Sequence[TritonOutput]) -> ChatCompletionLogProbs:
+    def build(self, outputs: Sequence[TritonOutput]) -> ChatCompletionLogProbs | None:
+        """None when the request asked for no logprobs."""
+        if not self._logprobs:
+            return None
         content = []
         for output in outputs:
             for position in self._collector.positions(output):
@@ -71,114 +73,95 @@ class OpenAIServingChat(OpenAIServing):
     async def create_chat_completion(
         self, request: ChatCompletionRequest
     ) -> ChatCompletionResponse | AsyncIterator[str]:
-        """A full response, or (stream: true) the SSE lines once the model answered once."""
+        """A full response, or (stream: true) the SSE lines once every choice answered once.
+
+        Each of the `n` choices is its own Triton request; all are in flight together.
+        """
         model_name, info = await self.models.resolve(request.model)
-        self.check_limits(
-            info,
-            top_logprobs=request.top_logprobs,
-            top_logprobs_param="top_logprobs",
-            logprob_token_ids=request.logprob_token_ids,
-        )
-        params = request.to_generation_params(info.max_model_len)
+        self.check_top_logprobs(info, request.top_logprobs, "top_logprobs")
+        self.check_id_count(info, request.logprob_token_ids, "logprob_token_ids")
+        choices = request.to_generation_params(info.max_model_len)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        as_token_ids = bool(request.return_tokens_as_token_ids)
+        builders = [ChatLogprobsBuilder(params, as_token_ids=as_token_ids) for params in choices]
         if request.stream:
-            outputs = await self.start_stream(params, request_id)
+            streams = await self.start_streams(choices, request_id)
             return self.chat_completion_stream_generator(
-                request, params, outputs, request_id, model_name
+                request, builders, streams, request_id, model_name
             )
-        outputs_list = await self.collect(params, request_id)
+        outputs = await self.collect_all(choices, request_id)
         return self.chat_completion_full_response(
-            request, params, outputs_list, request_id, model_name
+            request, builders, outputs, request_id, model_name
         )
 
     @staticmethod
     def chat_completion_full_response(
         request: ChatCompletionRequest,
-        params: GenerationParams,
-        outputs: Sequence[TritonOutput],
+        builders: Sequence[ChatLogprobsBuilder],
+        outputs: Sequence[Sequence[TritonOutput]],
         request_id: str,
         model_name: str,
     ) -> ChatCompletionResponse:
-        """All responses of the model joined into one assistant message."""
-        builder = ChatLogprobsBuilder(params, as_token_ids=bool(request.return_tokens_as_token_ids))
-        last = outputs[-1]
+        """Each choice's responses joined into one assistant message (after the echo)."""
+        echo = request.echo_text()
+        choices = [
+            ChatCompletionResponseChoice(
+                index=index,
+                message=ChatResponseMessage(content=echo + "".join(o.text for o in choice_outputs)),
+                logprobs=builder.build(choice_outputs),
+                finish_reason=choice_outputs[-1].finish_reason,
+            )
+            for index, (builder, choice_outputs) in enumerate(zip(builders, outputs, strict=True))
+        ]
         return ChatCompletionResponse(
             id=request_id,
             model=model_name,
-            choices=[
-                ChatCompletionResponseChoice(
-                    index=0,
-                    message=ChatResponseMessage(content="".join(o.text for o in outputs)),
-                    logprobs=None if params.logprobs is None else builder.build(outputs),
-                    finish_reason=last.finish_reason,
-                )
-            ],
-            usage=UsageInfo.from_counts(last.prompt_tokens, last.completion_tokens),
+            choices=choices,
+            usage=UsageInfo.from_choices([o[-1] for o in outputs], request.n or 1),
         )
 
-    @staticmethod
-    async def chat_completion_stream_generator(
+    def chat_completion_stream_generator(
+        self,
         request: ChatCompletionRequest,
-        params: GenerationParams,
-        outputs: AsyncGenerator[TritonOutput, None],
+        builders: Sequence[ChatLogprobsBuilder],
+        streams: Sequence[AsyncGenerator[TritonOutput, None]],
         request_id: str,
         model_name: str,
     ) -> AsyncIterator[str]:
-        """SSE lines: the role, a delta per model response, the reason on the last, usage, [DONE].
+        """SSE lines: each choice's role (and echo), a delta per model response of each choice,
+        the reason on each choice's last, usage summed over the choices, [DONE]."""
 
-        A client disconnect cancels the task iterating this generator; closing `outputs`
-        then cancels the Triton request.
-        """
-        created = int(time.time())
-        builder = ChatLogprobsBuilder(params, as_token_ids=bool(request.return_tokens_as_token_ids))
-        options = request.stream_options
-        continuous_usage = bool(options and options.continuous_usage_stats)
-
-        def chunk(
-            choices: list[ChatCompletionResponseStreamChoice], usage: UsageInfo | None = None
-        ) -> str:
-            return sse_event(
-                ChatCompletionStreamResponse(
-                    id=request_id,
-                    object="chat.completion.chunk",
-                    created=created,
-                    model=model_name,
-                    choices=choices,
-                    **({"usage": usage} if usage is not None else {}),
+        def lead(delta: DeltaMessage) -> list[ChatCompletionResponseStreamChoice]:
+            return [
+                ChatCompletionResponseStreamChoice(
+                    index=index, delta=delta, logprobs=None, finish_reason=None
                 )
+                for index in range(len(streams))
+            ]
+
+        def choice(index: int, output: TritonOutput) -> ChatCompletionResponseStreamChoice | None:
+            if not (output.output_ids or output.text or output.final):
+                return None
+            # A final response without tokens closes the message with an empty delta.
+            has_content = bool(output.text or output.output_ids)
+            return ChatCompletionResponseStreamChoice(
+                index=index,
+                delta=DeltaMessage(content=output.text) if has_content else DeltaMessage(),
+                logprobs=builders[index].build([output]),
+                finish_reason=output.finish_reason if output.final else None,
             )
 
-        last: TritonOutput | None = None
-        try:
-            yield chunk(
-                [
-                    ChatCompletionResponseStreamChoice(
-                        index=0,
-                        delta=DeltaMessage(role="assistant", content=""),
-                        logprobs=None,
-                        finish_reason=None,
-                    )
-                ]
-            )
-            async with aclosing(outputs):
-                async for output in outputs:
-                    last = output
-                    if not (output.output_ids or output.text or output.final):
-                        continue
-                    # A final response without tokens closes the message with an empty delta.
-                    has_content = bool(output.text or output.output_ids)
-                    delta = DeltaMessage(content=output.text) if has_content else DeltaMessage()
-                    choice = ChatCompletionResponseStreamChoice(
-                        index=0,
-                        delta=delta,
-                        logprobs=None if params.logprobs is None else builder.build([output]),
-                        finish_reason=output.finish_reason if output.final else None,
-                    )
-                    usage = UsageInfo.from_counts(output.prompt_tokens, output.completion_tokens)
-                    yield chunk([choice], usage if continuous_usage else None)
-            if last is not None and options is not None and options.include_usage:
-                yield chunk([], UsageInfo.from_counts(last.prompt_tokens, last.completion_tokens))
-        except Exception as exc:
-            logger.exception("chat stream %s failed", request_id)
-            yield sse_error(exc)
-        yield SSE_DONE
+        echo = request.echo_text()
+        return self.sse_stream(
+            streams,
+            response=ChatCompletionStreamResponse,
+            request_id=request_id,
+            model_name=model_name,
+            choice=choice,
+            options=request.stream_options,
+            n=request.n or 1,
+            lead=[
+                *lead(DeltaMessage(role="assistant", content="")),
+                *(lead(DeltaMessage(content=echo)) if echo else []),
+            ],
+        )

@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from adapter.errors import InvalidRequestError
 from adapter.protocol import (
     VLLM_UNSUPPORTED,
-    OpenAIBaseModel,
-    StreamOptions,
+    GenerationRequest,
     UsageInfo,
     check_logprob_token_ids,
-    check_stream_options,
+    check_min_tokens,
     check_token_ids,
     distinct,
-    normalize_stop,
 )
 from adapter.tensors import GenerationParams
 
@@ -26,68 +25,61 @@ DEFAULT_MAX_TOKENS = 16
 """OpenAI's default for completions."""
 
 
-class CompletionRequest(OpenAIBaseModel):
-    """The body of POST /v1/completions."""
+def check_prompt_logprob_token_ids(
+    ids: list[int] | None, *, echo: bool, logprobs: int | None
+) -> None:
+    """They show in the echoed prompt's `top_logprobs`, so they need both."""
+    if ids is None:
+        return
+    param = "prompt_logprob_token_ids"
+    if not ids:
+        raise InvalidRequestError(f"`{param}` must not be empty.", parameter=param)
+    if not echo or logprobs is None:
+        raise InvalidRequestError(
+            f"`{param}` requires `echo: true` and `logprobs` (0 allowed).", parameter=param
+        )
+
+
+class CompletionRequest(GenerationRequest):
+    """The body of POST /v1/completions; the shared fields are in `GenerationRequest`."""
 
     # https://platform.openai.com/docs/api-reference/completions/create
-    model: str | None = Field(default=None, description="Served model id; null: the only one.")
-    prompt: str | list[int] = Field(
-        description="A string, or a list of token ids (a one-element batch is unwrapped)."
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        description="A string, a list of token ids, or a list of either (a batch: `n` choices "
+        "per prompt, prompt i's at indices i*n to i*n+n-1)."
     )
     best_of: int | None = Field(default=None, description="Only 1 is supported.")
-    echo: bool | None = Field(default=False, description="Not supported yet.")
-    frequency_penalty: float | None = Field(default=0.0, description="Only 0 is supported.")
-    logit_bias: dict[str, float] | None = Field(default=None, description="Not supported yet.")
+    echo: bool | None = Field(
+        default=False,
+        description="Return the prompt before the generated text; with `logprobs`, its tokens "
+        "and their logprobs come first too (the first token's are null).",
+    )
     logprobs: Annotated[int, Field(ge=0)] | None = Field(
         default=None,
-        description="Return the sampled token's logprob and this many top alternatives.",
+        description="Return each token's logprob and this many top alternatives (at prompt "
+        "positions too with `echo`).",
     )
     max_tokens: Annotated[int, Field(ge=0)] | None = Field(
-        default=DEFAULT_MAX_TOKENS, description="Tokens to generate at most."
+        default=DEFAULT_MAX_TOKENS,
+        description="Tokens to generate at most; 0 with `echo` scores the prompt only.",
     )
-    n: int | None = Field(default=1, description="Only 1 is supported.")
-    presence_penalty: float | None = Field(default=0.0, description="Only 0 is supported.")
-    seed: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] | None = None
-    stop: str | list[str] | None = Field(default=None, description="Stop strings, not returned.")
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
     suffix: str | None = Field(default=None, description="Not supported.")
-    temperature: Annotated[float, Field(ge=0)] | None = Field(
-        default=None, description="0 is greedy; null: 1.0."
-    )
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    user: str | None = None
     metadata: dict[str, Any] | None = Field(default=None, description="Accepted, not used.")
 
-    # vLLM extensions (vllm/entrypoints/openai/protocol.py)
-    top_k: Annotated[int, Field(ge=-1)] | None = Field(
-        default=None, description="Sample from the k most likely tokens; -1 or 0: off."
-    )
-    stop_token_ids: list[int] | None = Field(
-        default=None, description="Token ids that end the generation (kept in the output)."
-    )
-    ignore_eos: bool | None = Field(default=None, description="Keep generating after EOS.")
-    use_beam_search: bool | None = Field(default=False, description="Not supported.")
-    logprob_token_ids: list[int] | None = Field(
+    # Our extension (SGLang's `input_token_ids_logprobs`)
+    prompt_logprob_token_ids: list[int] | None = Field(
         default=None,
-        description="Token ids whose logprobs are returned at every position, in "
-        "`top_logprobs` after the sampled token; requires `logprobs` (0 allowed).",
-    )
-    return_tokens_as_token_ids: bool | None = Field(
-        default=None, description='Tokens as "token_id:N" instead of text.'
-    )
-    add_special_tokens: bool | None = Field(
-        default=None, description="Tokenize a text prompt with BOS etc.; null: true."
+        description="Token ids whose logprobs are returned at every prompt position; requires "
+        "`echo` and `logprobs` (0 allowed). Each prompt position's `top_logprobs` then holds "
+        "the prompt token first, then each distinct requested id other than it, in request "
+        "order (the rule of `logprob_token_ids` at generated positions), instead of the "
+        "natural top-k. Works with `max_tokens: 0`: scores a text against a label set "
+        "without generating.",
     )
 
     unsupported: ClassVar[Mapping[str, tuple[Any, ...]]] = {
         **VLLM_UNSUPPORTED,
         "best_of": (1,),
-        "echo": (False,),
-        "frequency_penalty": (0,),
-        "logit_bias": ({},),
-        "n": (1,),
-        "presence_penalty": (0,),
         "suffix": ("",),
         "use_beam_search": (False,),
         "response_format": ({"type": "text"},),
@@ -95,29 +87,31 @@ class CompletionRequest(OpenAIBaseModel):
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _unwrap_prompt(cls, value: Any) -> Any:
-        """One prompt per request for now: a batch of one is unwrapped, larger ones are 400."""
-        if isinstance(value, list) and value and all(isinstance(v, str | list) for v in value):
-            if len(value) > 1:
-                raise InvalidRequestError(
-                    f"`prompt` holds {len(value)} prompts; send one prompt per request.",
-                    parameter="prompt",
-                )
-            value = value[0]
+    def _check_prompt(cls, value: Any) -> Any:
+        """Stable messages naming `prompt`, before pydantic tries the union's members."""
         if isinstance(value, str):
             return value
-        if isinstance(value, list):
-            if not value:
-                raise InvalidRequestError("`prompt` must not be empty.", parameter="prompt")
-            return check_token_ids(value, parameter="prompt")
-        raise InvalidRequestError(
-            "`prompt` must be a string or a list of token ids.", parameter="prompt"
-        )
+        if not isinstance(value, list):
+            raise InvalidRequestError(
+                "`prompt` must be a string or a list of token ids, or a list of either.",
+                parameter="prompt",
+            )
+        if not value:
+            raise InvalidRequestError("`prompt` must not be empty.", parameter="prompt")
+        if all(isinstance(item, str) for item in value):
+            return value
+        if all(isinstance(item, list) for item in value):
+            if not all(value):
+                raise InvalidRequestError(
+                    "`prompt` must not hold an empty token-id list.", parameter="prompt"
+                )
+            return [check_token_ids(ids, parameter="prompt") for ids in value]
+        return check_token_ids(value, parameter="prompt")
 
-    @field_validator("logprob_token_ids", "stop_token_ids", mode="before")
+    @field_validator("prompt_logprob_token_ids", mode="before")
     @classmethod
-    def _check_token_ids(cls, value: Any, info: ValidationInfo) -> Any:
-        return check_token_ids(value, parameter=info.field_name)
+    def _check_prompt_token_ids(cls, value: Any) -> Any:
+        return check_token_ids(value, parameter="prompt_logprob_token_ids")
 
     @model_validator(mode="after")
     def _check_request(self) -> CompletionRequest:
@@ -128,33 +122,56 @@ class CompletionRequest(OpenAIBaseModel):
             generates=not (self.echo and self.max_tokens == 0),
             use_beam_search=bool(self.use_beam_search),
         )
+        check_prompt_logprob_token_ids(
+            self.prompt_logprob_token_ids, echo=bool(self.echo), logprobs=self.logprobs
+        )
+        check_min_tokens(self.min_tokens, self.token_limit())
         self.reject_unsupported()
-        check_stream_options(self.stream, self.stream_options)
         return self
 
-    def to_generation_params(self) -> GenerationParams:
-        """The model's inputs: the user's value, else OpenAI's default, else the model's."""
-        explicit = distinct(self.logprob_token_ids)
-        return GenerationParams(
-            text=self.prompt if isinstance(self.prompt, str) else None,
-            prompt_ids=None if isinstance(self.prompt, str) else tuple(self.prompt),
-            add_special_tokens=self.add_special_tokens,
-            max_tokens=DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=None if self.top_k is None else max(self.top_k, 0),
-            seed=self.seed,
-            stop=normalize_stop(self.stop),
-            stop_token_ids=tuple(self.stop_token_ids or ()),
-            ignore_eos=self.ignore_eos,
-            # With explicit ids the natural top-k is not returned, so it is not computed either.
-            logprobs=None if self.logprobs is None else (0 if explicit else self.logprobs),
-            logprob_token_ids=explicit,
-        )
+    def token_limit(self) -> int:
+        """`max_tokens`, else OpenAI's default."""
+        return DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts of the batch; a single one is a batch of one."""
+        if isinstance(self.prompt, str) or isinstance(self.prompt[0], int):
+            return [self.prompt]  # type: ignore[list-item]
+        return list(self.prompt)  # type: ignore[arg-type]
+
+    def to_generation_params(self) -> list[GenerationParams]:
+        """The model's inputs, one per choice in `index` order: the user's value, else
+        OpenAI's default, else the model's."""
+        sampling = self.sampling_params()
+        # With explicit ids the natural top-k is not returned, so it is not computed either.
+        logprobs = self.logprobs
+        if logprobs is not None and sampling.logprob_token_ids:
+            logprobs = 0
+        prompt_explicit = distinct(self.prompt_logprob_token_ids)
+        choices = []
+        for prompt in self.prompts():
+            text = prompt if isinstance(prompt, str) else None
+            # Echo needs the prompt's tokens for their logprobs, or for the text of token ids.
+            prompt_logprobs = None
+            if self.echo and (self.logprobs is not None or text is None):
+                prompt_logprobs = 0 if prompt_explicit or self.logprobs is None else self.logprobs
+            params = replace(
+                sampling,
+                text=text,
+                prompt_ids=None if text is not None else tuple(prompt),
+                max_tokens=self.token_limit(),
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+                prompt_logprob_token_ids=prompt_explicit,
+            )
+            choices.extend(self.samples(params))
+        return choices
 
 
 class CompletionLogProbs(BaseModel):
-    """Legacy completions `logprobs`; `text_offset` counts characters of the generated text."""
+    """Legacy completions `logprobs`, one entry per token: with `echo` the prompt's first (its
+    first token's logprob and `top_logprobs` null), then the generated ones. `text_offset`
+    counts characters of the choice's text."""
 
     text_offset: list[int]
     token_logprobs: list[float | None]

@@ -1,13 +1,12 @@
-"""POST /v1/completions: request -> Triton stream -> `text_completion` response or SSE chunks."""
+"""POST /v1/completions: request -> a Triton stream per choice -> `text_completion` or SSE."""
 
 from __future__ import annotations
 
 import codecs
 import logging
-import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from contextlib import aclosing
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from adapter.completions.protocol import (
@@ -18,59 +17,118 @@ from adapter.completions.protocol import (
     CompletionResponseStreamChoice,
     CompletionStreamResponse,
 )
-from adapter.logprobs import LogprobsCollector
+from adapter.errors import EngineError
+from adapter.logprobs import LogprobsCollector, PositionLogprobs, TokenLogprob, token_text
 from adapter.protocol import UsageInfo
-from adapter.serving import SAMPLING_TENSOR_PARAMS, SSE_DONE, OpenAIServing, sse_error, sse_event
+from adapter.serving import SAMPLING_TENSOR_PARAMS, OpenAIServing
 from adapter.tensors import GenerationParams, TritonOutput
-from backend.triton_io import INPUT_IDS, LOGPROBS, TEXT_INPUT
+from adapter.triton_client import ModelInfo
+from backend.triton_io import (
+    INPUT_IDS,
+    LOGPROBS,
+    PROMPT_LOGPROB_TOKEN_IDS,
+    PROMPT_LOGPROBS,
+    TEXT_INPUT,
+)
 
 logger = logging.getLogger(__name__)
 
 
-class CompletionLogprobsBuilder:
-    """Formats the `logprobs` of one request, response by response.
+@dataclass
+class _LogprobLists:
+    text_offset: list[int] = field(default_factory=list)
+    token_logprobs: list[float | None] = field(default_factory=list)
+    tokens: list[str] = field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
 
-    `text_offset` is each token's character offset in the generated text, counted by decoding
-    the tokens' bytes incrementally, so it keeps running across chunks; a token that only
-    starts a multi-byte character gets that character's offset.
+
+class CompletionChoiceBuilder:
+    """Formats the text and `logprobs` of one choice, response by response.
+
+    With `echo` the prompt comes first: the request's text, or for a token-id prompt its
+    tokens' bytes decoded; with `logprobs` also its tokens, the first with null logprob and
+    `top_logprobs`. `text_offset` is each token's character offset in the choice's text,
+    counted by decoding the tokens' bytes incrementally, so it keeps running across chunks; a
+    token that only starts a multi-byte character gets that character's offset.
     """
 
-    def __init__(self, params: GenerationParams, *, as_token_ids: bool) -> None:
-        self._collector = LogprobsCollector(params.logprob_token_ids)
-        self._as_token_ids = as_token_ids
+    def __init__(
+        self,
+        request: CompletionRequest,
+        params: GenerationParams,
+        prompt_id_bytes: Sequence[bytes] = (),
+    ) -> None:
+        self._collector = LogprobsCollector(
+            params.logprob_token_ids, params.prompt_logprob_token_ids, prompt_id_bytes
+        )
+        self._as_token_ids = bool(request.return_tokens_as_token_ids)
+        self._logprobs = params.logprobs is not None
+        self._echo_pending = bool(request.echo)
+        self._prompt_text = params.text
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._offset = 0
 
-    def build(self, outputs: Sequence[TritonOutput]) -> CompletionLogProbs:
-        tokens: list[str] = []
-        token_logprobs: list[float | None] = []
-        text_offset: list[int] = []
-        top_logprobs: list[dict[str, float] | None] = []
+    def build(self, outputs: Sequence[TritonOutput]) -> tuple[str, CompletionLogProbs | None]:
+        text = ""
+        lists = _LogprobLists()
         for output in outputs:
-            for position in self._collector.positions(output):
-                sampled = position.sampled
-                tokens.append(sampled.text(self._as_token_ids))
-                token_logprobs.append(sampled.logprob)
-                text_offset.append(self._offset)
-                self._offset += len(self._decoder.decode(sampled.token_bytes))
-                # OpenAI and vLLM always put the sampled token in the dict (up to logprobs + 1
-                # entries); with explicit ids the alternatives already start with it.
-                entries = (
-                    position.alternatives
-                    if position.explicit
-                    else (sampled, *position.alternatives)
-                )
-                top: dict[str, float] = {}
-                for entry in entries:
-                    top.setdefault(entry.text(self._as_token_ids), entry.logprob)
-                top_logprobs.append(top)
+            if self._echo_pending:
+                self._echo_pending = False
+                text += self._echo(output, lists)
+            text += output.text
+            if self._logprobs:
+                for position in self._collector.positions(output):
+                    self._add(lists, position)
+        if not self._logprobs:
+            return text, None
         # Every field passed explicitly: stream chunks are serialized with exclude_unset.
-        return CompletionLogProbs(
-            text_offset=text_offset,
-            token_logprobs=token_logprobs,
-            tokens=tokens,
-            top_logprobs=top_logprobs,
+        return text, CompletionLogProbs(
+            text_offset=lists.text_offset,
+            token_logprobs=lists.token_logprobs,
+            tokens=lists.tokens,
+            top_logprobs=lists.top_logprobs,
         )
+
+    def _echo(self, output: TritonOutput, lists: _LogprobLists) -> str:
+        """The prompt's text, and with logprobs its positions (from the first response)."""
+        prompt = output.prompt
+        if prompt is None:
+            if self._prompt_text is None or self._logprobs:
+                raise EngineError("Triton sent no prompt tokens for `echo`")
+            return self._prompt_text
+        if self._logprobs:
+            self._add_token(lists, prompt.ids[0], prompt.token_bytes[0], None, None)
+            for position in self._collector.prompt_positions(prompt):
+                self._add(lists, position)
+        if self._prompt_text is not None:
+            return self._prompt_text
+        return b"".join(prompt.token_bytes).decode("utf-8", errors="replace")
+
+    def _add(self, lists: _LogprobLists, position: PositionLogprobs) -> None:
+        sampled = position.sampled
+        # OpenAI and vLLM always put the sampled token in the dict (up to logprobs + 1
+        # entries); with explicit ids the alternatives already start with it.
+        entries = position.alternatives if position.explicit else (sampled, *position.alternatives)
+        self._add_token(lists, sampled.token_id, sampled.token_bytes, sampled.logprob, entries)
+
+    def _add_token(
+        self,
+        lists: _LogprobLists,
+        token_id: int,
+        token_bytes: bytes,
+        logprob: float | None,
+        entries: Sequence[TokenLogprob] | None,
+    ) -> None:
+        lists.tokens.append(token_text(token_id, token_bytes, self._as_token_ids))
+        lists.token_logprobs.append(logprob)
+        lists.text_offset.append(self._offset)
+        self._offset += len(self._decoder.decode(token_bytes))
+        top: dict[str, float] | None = None
+        if entries is not None:
+            top = {}
+            for entry in entries:
+                top.setdefault(entry.text(self._as_token_ids), entry.logprob)
+        lists.top_logprobs.append(top)
 
 
 class OpenAIServingCompletion(OpenAIServing):
@@ -81,111 +139,106 @@ class OpenAIServingCompletion(OpenAIServing):
         INPUT_IDS: "prompt",
         TEXT_INPUT: "prompt",
         LOGPROBS: "logprobs",
+        PROMPT_LOGPROBS: "logprobs",
+        PROMPT_LOGPROB_TOKEN_IDS: "prompt_logprob_token_ids",
     }
 
     async def create_completion(
         self, request: CompletionRequest
     ) -> CompletionResponse | AsyncIterator[str]:
-        """A full response, or (stream: true) the SSE lines once the model answered once."""
+        """A full response, or (stream: true) the SSE lines once every choice answered once.
+
+        Each choice (`n` per prompt) is its own Triton request; all are in flight together.
+        """
         model_name, info = await self.models.resolve(request.model)
-        self.check_limits(
-            info,
-            top_logprobs=request.logprobs,
-            top_logprobs_param="logprobs",
-            logprob_token_ids=request.logprob_token_ids,
-        )
-        params = request.to_generation_params()
+        self.check_top_logprobs(info, request.logprobs, "logprobs")
+        self.check_id_count(info, request.logprob_token_ids, "logprob_token_ids")
+        self.check_id_count(info, request.prompt_logprob_token_ids, "prompt_logprob_token_ids")
+        choices = request.to_generation_params()
         request_id = f"cmpl-{uuid.uuid4().hex}"
+        id_bytes = await self._prompt_id_bytes(request, choices[0], info, request_id)
+        builders = [CompletionChoiceBuilder(request, params, id_bytes) for params in choices]
         if request.stream:
-            outputs = await self.start_stream(params, request_id)
+            streams = await self.start_streams(choices, request_id)
             return self.completion_stream_generator(
-                request, params, outputs, request_id, model_name
+                request, builders, streams, request_id, model_name
             )
-        outputs_list = await self.collect(params, request_id)
-        return self.completion_full_response(request, params, outputs_list, request_id, model_name)
+        outputs = await self.collect_all(choices, request_id)
+        return self.completion_full_response(request, builders, outputs, request_id, model_name)
+
+    async def _prompt_id_bytes(
+        self,
+        request: CompletionRequest,
+        params: GenerationParams,
+        info: ModelInfo,
+        request_id: str,
+    ) -> list[bytes]:
+        """The bytes of `prompt_logprob_token_ids`, for their token strings (the model sends
+        none for them); not needed when tokens are shown as ids."""
+        if not params.prompt_logprob_token_ids or request.return_tokens_as_token_ids:
+            return []
+        return await self.token_bytes(
+            params.prompt_logprob_token_ids,
+            info,
+            request_id,
+            parameter="prompt_logprob_token_ids",
+        )
 
     @staticmethod
     def completion_full_response(
         request: CompletionRequest,
-        params: GenerationParams,
-        outputs: Sequence[TritonOutput],
+        builders: Sequence[CompletionChoiceBuilder],
+        outputs: Sequence[Sequence[TritonOutput]],
         request_id: str,
         model_name: str,
     ) -> CompletionResponse:
-        """All responses of the model joined into one choice."""
-        builder = CompletionLogprobsBuilder(
-            params, as_token_ids=bool(request.return_tokens_as_token_ids)
-        )
-        last = outputs[-1]
+        """Each choice's responses joined into one choice."""
+        choices = []
+        for index, (builder, choice_outputs) in enumerate(zip(builders, outputs, strict=True)):
+            text, logprobs = builder.build(choice_outputs)
+            choices.append(
+                CompletionResponseChoice(
+                    index=index,
+                    text=text,
+                    logprobs=logprobs,
+                    finish_reason=choice_outputs[-1].finish_reason,
+                )
+            )
         return CompletionResponse(
             id=request_id,
             model=model_name,
-            choices=[
-                CompletionResponseChoice(
-                    index=0,
-                    text="".join(output.text for output in outputs),
-                    logprobs=None if params.logprobs is None else builder.build(outputs),
-                    finish_reason=last.finish_reason,
-                )
-            ],
-            usage=UsageInfo.from_counts(last.prompt_tokens, last.completion_tokens),
+            choices=choices,
+            usage=UsageInfo.from_choices([o[-1] for o in outputs], request.n or 1),
         )
 
-    @staticmethod
-    async def completion_stream_generator(
+    def completion_stream_generator(
+        self,
         request: CompletionRequest,
-        params: GenerationParams,
-        outputs: AsyncGenerator[TritonOutput, None],
+        builders: Sequence[CompletionChoiceBuilder],
+        streams: Sequence[AsyncGenerator[TritonOutput, None]],
         request_id: str,
         model_name: str,
     ) -> AsyncIterator[str]:
-        """SSE lines: a chunk per model response, the reason on the last, usage, [DONE].
+        """SSE lines: a chunk per model response of each choice (its `index` set), the reason
+        on each choice's last, usage summed over the choices, [DONE]."""
 
-        A client disconnect cancels the task iterating this generator; closing `outputs`
-        then cancels the Triton request.
-        """
-        created = int(time.time())
-        builder = CompletionLogprobsBuilder(
-            params, as_token_ids=bool(request.return_tokens_as_token_ids)
+        def choice(index: int, output: TritonOutput) -> CompletionResponseStreamChoice | None:
+            if not (output.output_ids or output.text or output.final):
+                return None
+            text, logprobs = builders[index].build([output])
+            return CompletionResponseStreamChoice(
+                index=index,
+                text=text,
+                logprobs=logprobs,
+                finish_reason=output.finish_reason if output.final else None,
+            )
+
+        return self.sse_stream(
+            streams,
+            response=CompletionStreamResponse,
+            request_id=request_id,
+            model_name=model_name,
+            choice=choice,
+            options=request.stream_options,
+            n=request.n or 1,
         )
-        options = request.stream_options
-        continuous_usage = bool(options and options.continuous_usage_stats)
-        last: TritonOutput | None = None
-        try:
-            async with aclosing(outputs):
-                async for output in outputs:
-                    last = output
-                    if not (output.output_ids or output.text or output.final):
-                        continue
-                    choice = CompletionResponseStreamChoice(
-                        index=0,
-                        text=output.text,
-                        logprobs=None if params.logprobs is None else builder.build([output]),
-                        finish_reason=output.finish_reason if output.final else None,
-                    )
-                    usage = UsageInfo.from_counts(output.prompt_tokens, output.completion_tokens)
-                    yield sse_event(
-                        CompletionStreamResponse(
-                            id=request_id,
-                            object="text_completion",
-                            created=created,
-                            model=model_name,
-                            choices=[choice],
-                            **({"usage": usage} if continuous_usage else {}),
-                        )
-                    )
-            if last is not None and options is not None and options.include_usage:
-                yield sse_event(
-                    CompletionStreamResponse(
-                        id=request_id,
-                        object="text_completion",
-                        created=created,
-                        model=model_name,
-                        choices=[],
-                        usage=UsageInfo.from_counts(last.prompt_tokens, last.completion_tokens),
-                    )
-                )
-        except Exception as exc:
-            logger.exception("completion stream %s failed", request_id)
-            yield sse_error(exc)
-        yield SSE_DONE

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,11 +28,16 @@ def response_arrays(
     finish_reason: str = "",
     prompt_tokens: int = 3,
     completion_tokens: int = 0,
+    prompt: Sequence[Token] = (),
+    prompt_top: Sequence[Sequence[Token]] | None = None,
+    prompt_requested: Sequence[Sequence[float]] | None = None,
 ) -> dict[str, np.ndarray]:
     """The arrays of one streamed response, shaped as the model sends them.
 
     `text` defaults to the tokens' bytes joined; `top` holds k (id, bytes, logprob) per
-    position; `requested` the M logprobs of the requested ids per position.
+    position; `requested` the M logprobs of the requested ids per position. `prompt` holds the
+    prompt's tokens (the first one's logprob unused), `prompt_top` and `prompt_requested` the
+    rows of prompt positions 1..P-1.
     """
     n = len(tokens)
     k = len(top[0]) if top else 0
@@ -40,6 +45,7 @@ def response_arrays(
     top = top or [[] for _ in range(n)]
     joined = b"".join(t[1] for t in tokens).decode("utf-8", errors="replace")
     return {
+        **_prompt_arrays(prompt, prompt_top, prompt_requested),
         io.OUTPUT_IDS: np.array([t[0] for t in tokens], dtype=np.int32),
         io.TEXT_OUTPUT: np.array([(joined if text is None else text).encode()], dtype=np.object_),
         io.OUTPUT_TOKEN_BYTES: np.array([t[1] for t in tokens], dtype=np.object_),
@@ -57,21 +63,68 @@ def response_arrays(
     }
 
 
+def _prompt_arrays(
+    prompt: Sequence[Token],
+    top: Sequence[Sequence[Token]] | None,
+    requested: Sequence[Sequence[float]] | None,
+) -> dict[str, np.ndarray]:
+    rows = max(len(prompt) - 1, 0)
+    k = len(top[0]) if top else 0
+    m = len(requested[0]) if requested else 0
+    top = top or [[] for _ in range(rows)]
+    return {
+        io.PROMPT_IDS: np.array([t[0] for t in prompt], dtype=np.int32),
+        io.PROMPT_TOKEN_BYTES: np.array([t[1] for t in prompt], dtype=np.object_),
+        io.PROMPT_TOKEN_LOGPROBS: np.array([t[2] for t in prompt[1:]], np.float32),
+        io.PROMPT_TOP_LOGPROB_IDS: np.array([[e[0] for e in row] for row in top], np.int32).reshape(
+            rows, k
+        ),
+        io.PROMPT_TOP_LOGPROBS: np.array([[e[2] for e in row] for row in top], np.float32).reshape(
+            rows, k
+        ),
+        io.PROMPT_TOP_LOGPROB_TOKEN_BYTES: np.array(
+            [[e[1] for e in row] for row in top], dtype=np.object_
+        ).reshape(rows, k),
+        io.PROMPT_LOGPROB_TOKEN_LOGPROBS: np.array(requested or [], np.float32).reshape(rows, m),
+    }
+
+
 def output(**kwargs: Any) -> TritonOutput:
     """A `TritonOutput` parsed from `response_arrays(**kwargs)`; final when it has a reason."""
     arrays = response_arrays(**kwargs)
     return TritonOutput.from_arrays(arrays, final=bool(kwargs.get("finish_reason")))
 
 
+Script = list[TritonOutput | BaseException | asyncio.Event]
+
+
+def byte_token(token_id: int) -> bytes:
+    """The fake vocabulary: id i is the byte i (so `FakeEngine.tokenize` round-trips)."""
+    return bytes([token_id % 256])
+
+
+def prompt_only(params: GenerationParams) -> Script:
+    """What `llm` answers to MAX_TOKENS 0 with PROMPT_LOGPROBS: one final response with the
+    prompt's tokens, each logprob -1."""
+    ids = params.prompt_ids or ()
+    prompt = [(i, byte_token(i), -1.0) for i in ids]
+    return [output(prompt=prompt, finish_reason="length", prompt_tokens=len(ids))]
+
+
 @dataclass
 class FakeEngine:
-    """Plays `script` for every request: outputs are yielded, exceptions raised.
+    """Plays `script` for every request (or `respond(params)`'s script when set): outputs are
+    yielded, exceptions raised. `tokenize` gives a text's UTF-8 bytes as ids, `tokens[text]`
+    when listed.
 
     An `asyncio.Event` in the script blocks the stream until set, which lets tests cancel a
     request in flight; `closed` counts streams that were closed (normally or not).
     """
 
-    script: list[TritonOutput | BaseException | asyncio.Event] = field(default_factory=list)
+    script: Script = field(default_factory=list)
+    respond: Callable[[GenerationParams], Script] | None = None
+    tokens: dict[str, list[int]] = field(default_factory=dict)
+    tokenized: list[GenerationParams] = field(default_factory=list)
     info: ModelInfo = field(
         default_factory=lambda: ModelInfo(
             max_model_len=64, max_logprobs=5, max_logprob_token_ids=8, model_path="/models/tiny"
@@ -91,12 +144,18 @@ class FakeEngine:
             raise EngineUnavailableError("Triton is not reachable: connection refused")
         return self.info
 
+    async def tokenize(self, params: GenerationParams, request_id: str) -> list[int]:
+        self.tokenized.append(params)
+        text = params.text if params.text is not None else str(params.messages)
+        return self.tokens.get(text, list(text.encode()))
+
     async def generate(
         self, params: GenerationParams, request_id: str
     ) -> AsyncGenerator[TritonOutput, None]:
         self.requests.append((params, request_id))
+        script = self.script if self.respond is None else self.respond(params)
         try:
-            for item in self.script:
+            for item in script:
                 if isinstance(item, asyncio.Event):
                     await item.wait()
                 elif isinstance(item, BaseException):

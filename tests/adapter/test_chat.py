@@ -232,3 +232,47 @@ async def test_cancelling_the_stream_closes_the_triton_request() -> None:
     assert '"content":"yes"' in await anext(lines)
     await lines.aclose()
     assert (engine.closed, engine.finished) == (1, 0)
+
+
+ASSISTANT_PREFIX = [*MESSAGES, {"role": "assistant", "content": "Sure:"}]
+
+
+def test_echo_puts_the_assistant_prefix_before_the_reply(
+    engine: FakeEngine, client: TestClient
+) -> None:
+    engine.script = EXPLICIT_SCRIPT
+    body = {"model": "tiny", "messages": ASSISTANT_PREFIX, "echo": True}
+    assert client.post(URL, json=body).json()["choices"][0]["message"]["content"] == "Sure:yes."
+    body["messages"] = MESSAGES  # the last message is the user's: nothing to echo (vLLM)
+    assert client.post(URL, json=body).json()["choices"][0]["message"]["content"] == "yes."
+
+
+def test_echo_streams_the_prefix_after_the_role(engine: FakeEngine, client: TestClient) -> None:
+    engine.script = EXPLICIT_SCRIPT
+    events = stream(client, messages=ASSISTANT_PREFIX, echo=True)
+    deltas = [e["choices"][0]["delta"] for e in events[:-1]]
+    assert deltas == [
+        {"role": "assistant", "content": ""},
+        {"content": "Sure:"},
+        {"content": "yes"},
+        {"content": "."},
+    ]
+
+
+def test_n_choices_stream_with_their_index(engine: FakeEngine, client: TestClient) -> None:
+    engine.script = EXPLICIT_SCRIPT
+    body = {"n": 2, "seed": 7, "logprobs": True, "stream_options": {"include_usage": True}}
+    events = stream(client, **body)
+    *chunks, usage, _ = events
+    roles = [c["choices"][0]["index"] for c in chunks if "role" in c["choices"][0]["delta"]]
+    assert roles == [0, 1]  # a role chunk per choice comes first
+    for index in (0, 1):
+        mine = [c["choices"][0] for c in chunks[2:] if c["choices"][0]["index"] == index]
+        assert [c["delta"] for c in mine] == [{"content": "yes"}, {"content": "."}]
+        assert [c["finish_reason"] for c in mine] == [None, "length"]
+    assert usage["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert sorted(params.seed for params, _ in engine.requests) == [7, 8]
+
+    full = client.post(URL, json={"model": "tiny", "messages": MESSAGES, "n": 2}).json()
+    assert [c["index"] for c in full["choices"]] == [0, 1]
+    assert [c["message"]["content"] for c in full["choices"]] == ["yes.", "yes."]

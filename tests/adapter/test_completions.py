@@ -12,7 +12,7 @@ from adapter.completions.serving import OpenAIServingCompletion
 from adapter.errors import EngineError, TritonInputError
 from adapter.models import OpenAIServingModels
 from backend import triton_io as io
-from tests.adapter.fakes import FakeEngine, output
+from tests.adapter.fakes import FakeEngine, output, prompt_only
 from tests.adapter.sse import sse_payloads
 
 URL = "/v1/completions"
@@ -202,17 +202,170 @@ def test_vocabulary_error_names_logprob_token_ids(engine: FakeEngine, client: Te
     assert "outside the vocabulary" in response.json()["error"]["message"]
 
 
-async def test_closing_the_stream_closes_the_triton_request() -> None:
+@pytest.mark.parametrize("n", [1, 3])
+async def test_closing_the_stream_closes_the_triton_request(n: int) -> None:
     """What a client disconnect does: the SSE generator is closed mid-stream."""
     gate = asyncio.Event()  # never set: generation hangs after the first token
     engine = FakeEngine(script=[EURO_SCRIPT[0], gate, EURO_SCRIPT[2]])
     serving = OpenAIServingCompletion(engine, OpenAIServingModels(engine, None))
-    lines = await serving.create_completion(CompletionRequest(prompt="p", stream=True))
-    first = await anext(lines)
-    assert '"finish_reason":null' in first
+    lines = await serving.create_completion(CompletionRequest(prompt="p", stream=True, n=n))
+    firsts = [await anext(lines) for _ in range(n)]  # each choice's first token
+    assert all('"finish_reason":null' in first for first in firsts)
     task = asyncio.ensure_future(anext(lines))
     await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert (engine.closed, engine.finished) == (1, 0)
+    assert (engine.closed, engine.finished) == (n, 0)
+
+
+# Prompt [7, 8, 9] = "a", "é" in two tokens: position i scores token i given the ones before.
+PROMPT = [(7, b"a", 0.0), (8, b"\xc3", -1.0), (9, b"\xa9", -0.5)]
+ECHO_SCRIPT = [
+    output(
+        tokens=[(12, b"!", -0.25)],
+        top=[[(13, b"?", -0.125)]],
+        prompt=PROMPT,
+        prompt_top=[[(20, b"x", -0.75)], [(9, b"\xa9", -0.5)]],
+        finish_reason="length",
+        prompt_tokens=3,
+        completion_tokens=1,
+    )
+]
+
+
+def test_echo_puts_the_prompt_and_its_logprobs_first(
+    engine: FakeEngine, client: TestClient
+) -> None:
+    engine.script = ECHO_SCRIPT
+    body = {"model": "tiny", "prompt": [7, 8, 9], "echo": True, "logprobs": 1, "max_tokens": 1}
+    choice = client.post(URL, json=body).json()["choices"][0]
+    assert choice["text"] == "aé!"  # the prompt's bytes decoded, then the generated text
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"] == ["a", "\ufffd", "\ufffd", "!"]
+    assert logprobs["token_logprobs"] == [None, -1.0, -0.5, -0.25]
+    assert logprobs["text_offset"] == [0, 1, 1, 2]
+    assert logprobs["top_logprobs"] == [
+        None,  # the first prompt token has no logprob
+        {"\ufffd": -1.0, "x": -0.75},  # the prompt token first, then the natural top-k
+        {"\ufffd": -0.5},
+        {"!": -0.25, "?": -0.125},
+    ]
+    params, _ = engine.requests[0]
+    assert (params.prompt_logprobs, params.logprobs) == (1, 1)
+
+
+def test_echo_of_a_text_prompt_without_generation(engine: FakeEngine, client: TestClient) -> None:
+    engine.script = [output(finish_reason="length", prompt_tokens=5)]
+    body = {"model": "tiny", "prompt": "Grüß", "echo": True, "max_tokens": 0}
+    response = client.post(URL, json=body).json()
+    assert response["choices"][0]["text"] == "Grüß"  # the request's own text
+    assert response["choices"][0]["finish_reason"] == "length"
+    assert response["usage"] == {"prompt_tokens": 5, "completion_tokens": 0, "total_tokens": 5}
+    assert engine.requests[0][0].prompt_logprobs is None  # nothing asked of the prompt
+
+
+def test_echo_streams_the_prompt_in_the_first_chunk(engine: FakeEngine, client: TestClient) -> None:
+    prompt_output = output(
+        tokens=[(12, b"!", -0.25)],
+        top=[[(13, b"?", -0.125)]],
+        prompt=PROMPT,
+        prompt_top=[[(20, b"x", -0.75)], [(9, b"\xa9", -0.5)]],
+        completion_tokens=1,
+    )
+    engine.script = [
+        prompt_output,
+        output(tokens=[(14, b".", -2.0)], top=[[(14, b".", -2.0)]], finish_reason="stop"),
+    ]
+    body = {"prompt": [7, 8, 9], "echo": True, "logprobs": 1}
+    full = client.post(URL, json={"model": "tiny", **body}).json()["choices"][0]
+    chunks = [c["choices"][0] for c in stream(client, **body)[:-1]]
+    assert [c["text"] for c in chunks] == ["aé!", "."]
+    assert [len(c["logprobs"]["tokens"]) for c in chunks] == [4, 1]
+    for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        assert [v for c in chunks for v in c["logprobs"][key]] == full["logprobs"][key], key
+
+
+SCORE_PROMPT = {"model": "tiny", "prompt": [7, 8, 9], "echo": True, "logprobs": 0, "max_tokens": 0}
+"""Scores the prompt without generating."""
+
+
+def test_prompt_logprob_token_ids_follow_the_prompt_token(
+    engine: FakeEngine, client: TestClient
+) -> None:
+    main = output(
+        prompt=PROMPT,
+        prompt_requested=[[-3.0, -1.0], [-0.5, -6.0]],  # columns: ids 9, 65
+        finish_reason="length",
+    )
+    engine.respond = lambda params: (
+        prompt_only(params)
+        if params.max_tokens == 0 and not params.prompt_logprob_token_ids
+        else [main]
+    )
+    body = {**SCORE_PROMPT, "prompt_logprob_token_ids": [9, 65, 9]}
+    top = client.post(URL, json=body).json()["choices"][0]["logprobs"]["top_logprobs"]
+    # The prompt token first, then each distinct requested id but it, in request order; the
+    # requested ids' strings come from their bytes (the fake's "\t" for 9, "A" for 65).
+    assert [list(t.items()) if t else t for t in top] == [
+        None,
+        [("\ufffd", -1.0), ("\t", -3.0), ("A", -1.0)],
+        [("\ufffd", -0.5), ("A", -6.0)],  # the prompt token is 9: once, first
+    ]
+    bytes_request, main_request = (params for params, _ in engine.requests)
+    assert bytes_request.prompt_ids == (9, 65)  # the ids' bytes, from a prompt-only request
+    assert main_request.prompt_logprob_token_ids == (9, 65)
+    assert main_request.prompt_logprobs == 0
+
+
+def test_prompt_logprob_token_ids_as_token_ids_need_no_bytes(
+    engine: FakeEngine, client: TestClient
+) -> None:
+    engine.script = [
+        output(prompt=PROMPT, prompt_requested=[[-3.0, -1.0], [-0.5, -6.0]], finish_reason="length")
+    ]
+    body = {**SCORE_PROMPT, "prompt_logprob_token_ids": [9, 65], "return_tokens_as_token_ids": True}
+    top = client.post(URL, json=body).json()["choices"][0]["logprobs"]["top_logprobs"]
+    assert top == [
+        None,
+        {"token_id:8": -1.0, "token_id:9": -3.0, "token_id:65": -1.0},
+        {"token_id:9": -0.5, "token_id:65": -6.0},  # the prompt token 9 once, first
+    ]
+    assert len(engine.requests) == 1
+
+
+def test_a_batch_of_prompts_with_n_samples(engine: FakeEngine, client: TestClient) -> None:
+    engine.script = [output(tokens=[(33, b"!", -1.0)], finish_reason="length", completion_tokens=1)]
+    body = {"model": "tiny", "prompt": ["ab", "cde"], "n": 2, "seed": 5, "max_tokens": 1}
+    response = client.post(URL, json=body).json()
+    assert [c["index"] for c in response["choices"]] == [0, 1, 2, 3]
+    sent = [(params.text, params.seed) for params, _ in engine.requests]
+    assert sorted(sent) == [("ab", 5), ("ab", 6), ("cde", 5), ("cde", 6)]
+    # Each prompt counts once (the fake reports 3 prompt tokens); every sample's tokens count.
+    assert response["usage"] == {"prompt_tokens": 6, "completion_tokens": 4, "total_tokens": 10}
+
+
+def test_n_streams_tag_each_chunk_with_its_choice(engine: FakeEngine, client: TestClient) -> None:
+    engine.script = EXPLICIT_SCRIPT
+    events = stream(client, n=3, stream_options={"include_usage": True})
+    chunks, usage = events[:-2], events[-2]
+    by_index: dict[int, list[str]] = {}
+    for chunk in chunks:
+        [choice] = chunk["choices"]
+        by_index.setdefault(choice["index"], []).append(choice["finish_reason"])
+    assert by_index == {i: [None, "stop"] for i in range(3)}
+    assert usage["usage"] == {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_one_failing_choice_fails_the_request_and_cancels_the_rest(
+    engine: FakeEngine, client: TestClient, streamed: bool
+) -> None:
+    gate = asyncio.Event()  # never set: the healthy choices wait forever
+    rejected = TritonInputError(io.MIN_TOKENS, "must be in [0, MAX_TOKENS=2], got 3")
+    engine.respond = lambda params: [rejected] if params.seed == 1 else [gate]
+    body = {"model": "tiny", "prompt": "p", "n": 3, "seed": 0, "stream": streamed}
+    response = client.post(URL, json=body)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "min_tokens"
+    assert engine.closed == 3  # the waiting requests were cancelled, not left running

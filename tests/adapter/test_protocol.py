@@ -81,11 +81,27 @@ STANDARD_CASES = [
     (COMPLETIONS, completion(logprobs=6), "logprobs", "must be at most 5 (got 6)"),
     (COMPLETIONS, completion(logprobs=-1), "logprobs", "greater than or equal to 0"),
     (COMPLETIONS, completion(max_tokens=-1), "max_tokens", "greater than or equal to 0"),
-    (COMPLETIONS, completion(prompt=["a", "b"]), "prompt", "holds 2 prompts"),
-    (COMPLETIONS, completion(prompt=[[1], [2]]), "prompt", "holds 2 prompts"),
     (COMPLETIONS, completion(prompt=[]), "prompt", "must not be empty"),
     (COMPLETIONS, completion(prompt=[1, "a"]), "prompt", "integer token ids"),
+    (COMPLETIONS, completion(prompt=["a", [1]]), "prompt", "integer token ids, got 'a'"),
+    (COMPLETIONS, completion(prompt=[[1], []]), "prompt", "an empty token-id list"),
+    (COMPLETIONS, completion(prompt=[[1], [2.0]]), "prompt", "integer token ids, got 2.0"),
     (COMPLETIONS, completion(prompt={"a": 1}), "prompt", "a string or a list of token ids"),
+    (COMPLETIONS, completion(n=0), "n", "greater than or equal to 1"),
+    (CHAT, chat(n=129), "n", "less than or equal to 128"),
+    (COMPLETIONS, completion(logit_bias={"x": 1}), "logit_bias", "keys must be token ids"),
+    (CHAT, chat(logit_bias={"-3": 1}), "logit_bias", "keys must be token ids, got '-3'"),
+    (CHAT, chat(logit_bias={"5": 101}), "logit_bias", "less than or equal to 100"),
+    (COMPLETIONS, completion(presence_penalty=2.5), "presence_penalty", "less than or equal"),
+    (CHAT, chat(frequency_penalty=-3), "frequency_penalty", "greater than or equal to -2"),
+    (COMPLETIONS, completion(repetition_penalty=0), "repetition_penalty", "greater than 0"),
+    (COMPLETIONS, completion(min_tokens=-1), "min_tokens", "greater than or equal to 0"),
+    (COMPLETIONS, completion(min_tokens=20), "min_tokens", "at most the token limit (16)"),
+    (CHAT, chat(min_tokens=3, max_completion_tokens=2), "min_tokens", "token limit (2)"),
+    (CHAT, chat(allowed_token_ids=[]), "allowed_token_ids", "must not be empty"),
+    (COMPLETIONS, completion(allowed_token_ids=["1"]), "allowed_token_ids", "integer token ids"),
+    (COMPLETIONS, completion(stop_token_ids=[-2]), "stop_token_ids", "outside the vocabulary"),
+    (CHAT, chat(seed=2**63), "seed", "less than or equal to"),
     (COMPLETIONS, completion(temperature=-0.5), "temperature", "greater than or equal to 0"),
     (COMPLETIONS, completion(top_p=0), "top_p", "greater than 0"),
     (COMPLETIONS, completion(stop=["x", ""]), "stop", "must not be empty"),
@@ -113,27 +129,35 @@ def test_standard_rules(
     assert_400(client, path, body, param, message)
 
 
+PROMPT_LOGPROB_TOKEN_IDS_CASES = [
+    (completion(echo=True, logprobs=0, prompt_logprob_token_ids=[]), "must not be empty"),
+    (completion(logprobs=0, prompt_logprob_token_ids=[1]), "requires `echo: true` and `logprobs`"),
+    (completion(echo=True, prompt_logprob_token_ids=[1]), "requires `echo: true` and `logprobs`"),
+    (completion(echo=True, logprobs=0, prompt_logprob_token_ids=[1, "2"]), "integer token ids"),
+    (completion(echo=True, logprobs=0, prompt_logprob_token_ids=list(range(9))), "at most 8"),
+]
+
+
+@pytest.mark.parametrize(("body", "message"), PROMPT_LOGPROB_TOKEN_IDS_CASES)
+def test_prompt_logprob_token_ids_rules(client: TestClient, body: dict, message: str) -> None:
+    assert_400(client, COMPLETIONS, body, "prompt_logprob_token_ids", message)
+
+
 UNSUPPORTED_CASES = [
-    (COMPLETIONS, completion(n=2), "n"),
     (COMPLETIONS, completion(best_of=2), "best_of"),
-    (COMPLETIONS, completion(echo=True), "echo"),
-    (COMPLETIONS, completion(logit_bias={"5": 10}), "logit_bias"),
-    (COMPLETIONS, completion(presence_penalty=0.5), "presence_penalty"),
-    (COMPLETIONS, completion(frequency_penalty=-1), "frequency_penalty"),
     (COMPLETIONS, completion(suffix="!"), "suffix"),
     (COMPLETIONS, completion(use_beam_search=True), "use_beam_search"),
     (COMPLETIONS, completion(min_p=0.1), "min_p"),
-    (COMPLETIONS, completion(repetition_penalty=1.2), "repetition_penalty"),
+    (COMPLETIONS, completion(prompt_logprobs=1), "prompt_logprobs"),
     (COMPLETIONS, completion(guided_json={"type": "object"}), "guided_json"),
-    (CHAT, chat(n=3), "n"),
-    (CHAT, chat(logit_bias={"5": 1}), "logit_bias"),
-    (CHAT, chat(presence_penalty=1), "presence_penalty"),
-    (CHAT, chat(frequency_penalty=1), "frequency_penalty"),
+    (COMPLETIONS, completion(response_format={"type": "json_schema"}), "response_format"),
     (CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
     (CHAT, chat(functions=[{"name": "f"}]), "functions"),
+    (CHAT, chat(function_call="auto"), "function_call"),
     (CHAT, chat(tool_choice="auto"), "tool_choice"),
+    (CHAT, chat(tool_choice={"type": "function", "function": {"name": "f"}}), "tool_choice"),
     (CHAT, chat(response_format={"type": "json_object"}), "response_format"),
-    (CHAT, chat(echo=True), "echo"),
+    (CHAT, chat(prompt_logprob_token_ids=[1]), "prompt_logprob_token_ids"),
     (CHAT, chat(add_generation_prompt=False), "add_generation_prompt"),
 ]
 
@@ -198,7 +222,7 @@ def test_unknown_model_is_404(client: TestClient, path: str) -> None:
 
 
 def test_completion_request_to_generation_params() -> None:
-    params = CompletionRequest(
+    [params] = CompletionRequest(
         prompt=[[5, 6, 7]], logprobs=3, logprob_token_ids=[9, 4, 9, 2], top_k=-1, stop="\n"
     ).to_generation_params()
     assert params.prompt_ids == (5, 6, 7)
@@ -208,8 +232,9 @@ def test_completion_request_to_generation_params() -> None:
     assert params.stop == ("\n",)
     assert params.logprobs == 0  # the natural top-k is not computed when ids are explicit
     assert params.logprob_token_ids == (9, 4, 2)
+    assert params.prompt_logprobs is None  # no echo: the prompt's logprobs are not computed
 
-    text = CompletionRequest(
+    [text] = CompletionRequest(
         prompt="Hi",
         max_tokens=3,
         temperature=0,
@@ -226,7 +251,61 @@ def test_completion_request_to_generation_params() -> None:
     assert (text.temperature, text.top_p, text.top_k, text.seed) == (0, 0.5, 4, 11)
     assert (text.ignore_eos, text.stop, text.stop_token_ids) == (True, ("a", "b"), (2,))
     assert (text.logprobs, text.logprob_token_ids, text.add_special_tokens) == (2, (), False)
-    assert CompletionRequest(prompt="Hi").to_generation_params().logprobs is None
+    assert CompletionRequest(prompt="Hi").to_generation_params()[0].logprobs is None
+
+
+def test_sampling_fields_reach_the_params_of_both_endpoints() -> None:
+    fields = {
+        "presence_penalty": 0.5,
+        "frequency_penalty": -1.5,
+        "repetition_penalty": 1.25,
+        "logit_bias": {"7": 100, "03": -5.5},
+        "allowed_token_ids": [3, 7, 9],
+        "min_tokens": 2,
+        "include_stop_str_in_output": True,
+        "max_tokens": 8,
+    }
+    [completion_params] = CompletionRequest(prompt="Hi", **fields).to_generation_params()
+    [chat_params] = ChatCompletionRequest(messages=MESSAGES, **fields).to_generation_params(256)
+    for params in (completion_params, chat_params):
+        assert (params.presence_penalty, params.frequency_penalty) == (0.5, -1.5)
+        assert params.repetition_penalty == 1.25
+        assert params.logit_bias == ((7, 100.0), (3, -5.5))  # keys parsed as ids
+        assert params.allowed_token_ids == (3, 7, 9)
+        assert (params.min_tokens, params.include_stop_str_in_output) == (2, True)
+        assert params.max_tokens == 8
+
+
+def test_n_samples_get_consecutive_seeds() -> None:
+    request = CompletionRequest(prompt=["a", "b"], n=3, seed=2**63 - 2)
+    choices = request.to_generation_params()
+    # Choice i*n + j is prompt i's sample j; seed + j wraps inside int64.
+    assert [c.text for c in choices] == ["a", "a", "a", "b", "b", "b"]
+    assert [c.seed for c in choices] == [2**63 - 2, 2**63 - 1, -(2**63)] * 2
+    unseeded = ChatCompletionRequest(messages=MESSAGES, n=2).to_generation_params(256)
+    assert [c.seed for c in unseeded] == [None, None]  # each draws its own random seed
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"prompt": "Hi", "echo": True}, None),  # the request's text is echoed
+        ({"prompt": [4, 5], "echo": True}, 0),  # bytes of the ids are needed for the text
+        ({"prompt": "Hi", "echo": True, "logprobs": 3}, 3),  # natural top-3 at prompt positions
+        ({"prompt": "Hi", "logprobs": 3}, None),  # no echo: no prompt logprobs
+        (
+            {"prompt": "Hi", "echo": True, "logprobs": 3, "prompt_logprob_token_ids": [8, 8, 2]},
+            0,  # explicit ids replace the natural top-k at prompt positions
+        ),
+        ({"prompt": "Hi", "echo": True, "logprobs": 3, "logprob_token_ids": [1]}, 3),
+    ],
+)
+def test_echo_asks_for_prompt_logprobs_when_needed(fields: dict, expected: int | None) -> None:
+    [params] = CompletionRequest(**fields).to_generation_params()
+    assert params.prompt_logprobs == expected
+    assert params.prompt_logprob_token_ids == (
+        (8, 2) if "prompt_logprob_token_ids" in fields else ()
+    )
 
 
 def test_chat_request_to_generation_params() -> None:
@@ -244,7 +323,7 @@ def test_chat_request_to_generation_params() -> None:
         logprobs=True,
         top_logprobs=3,
     )
-    params = request.to_generation_params(max_model_len=256)
+    [params] = request.to_generation_params(max_model_len=256)
     assert params.messages == (
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "a\nb"},
@@ -254,17 +333,15 @@ def test_chat_request_to_generation_params() -> None:
     assert params.logprobs == 3
 
     plain = ChatCompletionRequest(messages=MESSAGES)
-    assert plain.to_generation_params(max_model_len=256).max_tokens == 256
-    assert plain.to_generation_params(max_model_len=None).max_tokens == INT32_MAX
-    assert plain.to_generation_params(max_model_len=256).logprobs is None
+    assert plain.to_generation_params(max_model_len=256)[0].max_tokens == 256
+    assert plain.to_generation_params(max_model_len=None)[0].max_tokens == INT32_MAX
+    assert plain.to_generation_params(max_model_len=256)[0].logprobs is None
 
-    explicit = ChatCompletionRequest(
+    [explicit] = ChatCompletionRequest(
         messages=MESSAGES, logprobs=True, top_logprobs=5, logprob_token_ids=[3, 3, 1]
     ).to_generation_params(max_model_len=256)
     assert (explicit.logprobs, explicit.logprob_token_ids) == (0, (3, 1))
-    assert (
-        ChatCompletionRequest(messages=MESSAGES, logprobs=True)
-        .to_generation_params(max_model_len=256)
-        .logprobs
-        == 0
+    [logprobs_only] = ChatCompletionRequest(messages=MESSAGES, logprobs=True).to_generation_params(
+        max_model_len=256
     )
+    assert logprobs_only.logprobs == 0

@@ -28,9 +28,18 @@ def test_llm_inputs_with_every_option() -> None:
         seed=2**40,
         stop=("\n", "END"),
         stop_token_ids=(2, 3),
+        include_stop_str_in_output=True,
         ignore_eos=True,
+        min_tokens=2,
+        presence_penalty=0.5,
+        frequency_penalty=-0.25,
+        repetition_penalty=1.5,
+        logit_bias=((7, 100.0), (8, -2.5)),
+        allowed_token_ids=(7, 8, 9),
         logprobs=4,
         logprob_token_ids=(10, 11),
+        prompt_logprobs=2,
+        prompt_logprob_token_ids=(12,),
     )
     arrays = llm_inputs(params, np.array([5, 6], dtype=np.int32))
     expected = {
@@ -42,9 +51,19 @@ def test_llm_inputs_with_every_option() -> None:
         io.SEED: (np.int64, [2**40]),
         io.STOP: (np.object_, [b"\n", b"END"]),
         io.STOP_TOKEN_IDS: (np.int32, [2, 3]),
+        io.INCLUDE_STOP_STR_IN_OUTPUT: (np.bool_, [True]),
         io.IGNORE_EOS: (np.bool_, [True]),
+        io.MIN_TOKENS: (np.int32, [2]),
+        io.PRESENCE_PENALTY: (np.float32, [0.5]),
+        io.FREQUENCY_PENALTY: (np.float32, [-0.25]),
+        io.REPETITION_PENALTY: (np.float32, [1.5]),
+        io.LOGIT_BIAS_IDS: (np.int32, [7, 8]),
+        io.LOGIT_BIAS_VALUES: (np.float32, [100.0, -2.5]),
+        io.ALLOWED_TOKEN_IDS: (np.int32, [7, 8, 9]),
         io.LOGPROBS: (np.int32, [4]),
         io.LOGPROB_TOKEN_IDS: (np.int32, [10, 11]),
+        io.PROMPT_LOGPROBS: (np.int32, [2]),
+        io.PROMPT_LOGPROB_TOKEN_IDS: (np.int32, [12]),
     }
     assert arrays.keys() == expected.keys()
     for name, (dtype, values) in expected.items():
@@ -125,6 +144,22 @@ def test_output_from_arrays() -> None:
         2,
         True,
     )
+
+
+def test_output_with_prompt_logprobs() -> None:
+    arrays = response_arrays(
+        prompt=[(3, b"<s>", 0.0), (4, b"a", -1.5), (5, b"\xe2", -0.5)],
+        prompt_top=[[(4, b"a", -1.5)], [(6, b"b", -0.25)]],
+        prompt_requested=[[-2.0, -3.0], [-4.0, -9999.0]],
+    )
+    prompt = TritonOutput.from_arrays(arrays, final=False).prompt
+    assert prompt is not None
+    assert (prompt.ids, prompt.token_bytes) == ([3, 4, 5], [b"<s>", b"a", b"\xe2"])
+    assert prompt.logprobs == [-1.5, -0.5]  # one row fewer: the first token has none
+    assert (prompt.top_ids, prompt.top_logprobs) == ([[4], [6]], [[-1.5], [-0.25]])
+    assert prompt.top_token_bytes == [[b"a"], [b"b"]]
+    assert prompt.requested_logprobs == [[-2.0, -3.0], [-4.0, -9999.0]]
+    assert TritonOutput.from_arrays(response_arrays(), final=False).prompt is None
 
 
 def test_output_not_final_and_empty() -> None:

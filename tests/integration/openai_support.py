@@ -86,6 +86,16 @@ def assert_near_reference(
             assert abs(logprob - ref[i, token]) < ATOL, (i, token, logprob, ref[i, token])
 
 
+def reference_prompt_logprobs(model_dir: Path, prompt_ids: Sequence[int]) -> np.ndarray:
+    """[P-1, V] float64: row i-1 is the log-softmax that scores prompt token i."""
+    return reference_logprobs(model_dir, list(prompt_ids[:1]), list(prompt_ids[1:]))
+
+
+def reference_next_logprobs(model_dir: Path, prompt_ids: Sequence[int]) -> np.ndarray:
+    """[V] float64: the log-softmax of the token after the prompt."""
+    return reference_logprobs(model_dir, list(prompt_ids), [0])[0]
+
+
 def metric(metrics_url: str, name: str) -> float:
     """One of the engine's counters or gauges from Triton's Prometheus endpoint."""
     with urllib.request.urlopen(metrics_url, timeout=5) as reply:

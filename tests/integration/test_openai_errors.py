@@ -71,23 +71,80 @@ CASES = [
     (CHAT, chat(max_completion_tokens=-1), "max_completion_tokens", "greater than or equal"),
     (COMPLETIONS, completion(prompt=TOO_LONG_TEXT), "prompt", "the context holds 256"),
     (COMPLETIONS, completion(prompt=[5] * 300, stream=True), "prompt", "the context holds 256"),
+    (COMPLETIONS, completion(prompt=[[5], [5] * 300], n=2), "prompt", "the context holds 256"),
     (
         CHAT,
         chat(messages=[{"role": "user", "content": TOO_LONG_TEXT}]),
         "messages",
         "the context holds 256",
     ),
-    (COMPLETIONS, completion(prompt=["a", "b"]), "prompt", "one prompt per request"),
-    # not supported yet
-    (COMPLETIONS, completion(n=2), "n", "not supported"),
-    (COMPLETIONS, completion(echo=True), "echo", "not supported"),
+    (COMPLETIONS, completion(prompt=["a", [1]]), "prompt", "integer token ids"),
+    # sampling fields: the adapter's bounds, and the model's (vocabulary) through Triton
+    (COMPLETIONS, completion(n=0), "n", "greater than or equal to 1"),
+    (CHAT, chat(logit_bias={"x": 5}), "logit_bias", "keys must be token ids"),
+    (CHAT, chat(logit_bias={"5": 101}), "logit_bias", "less than or equal to 100"),
+    (COMPLETIONS, completion(logit_bias={"5000": 1}), "logit_bias", "outside the vocabulary"),
+    (CHAT, chat(allowed_token_ids=[3, 4096]), "allowed_token_ids", "outside the vocabulary"),
+    (COMPLETIONS, completion(allowed_token_ids=[]), "allowed_token_ids", "must not be empty"),
+    (CHAT, chat(presence_penalty=2.5), "presence_penalty", "less than or equal to 2"),
+    (COMPLETIONS, completion(frequency_penalty=-3), "frequency_penalty", "greater than or equal"),
+    (CHAT, chat(repetition_penalty=0), "repetition_penalty", "greater than 0"),
+    (COMPLETIONS, completion(min_tokens=3), "min_tokens", "at most the token limit (2)"),
+    (COMPLETIONS, completion(stop_token_ids=[9999]), "stop_token_ids", "outside the vocabulary"),
+    # prompt_logprob_token_ids (completions; our extension)
+    (
+        COMPLETIONS,
+        completion(logprobs=0, prompt_logprob_token_ids=[1]),
+        "prompt_logprob_token_ids",
+        "requires `echo: true`",
+    ),
+    (
+        COMPLETIONS,
+        completion(echo=True, logprobs=0, max_tokens=0, prompt_logprob_token_ids=[1, 2000]),
+        "prompt_logprob_token_ids",
+        "id 2000 is outside the vocabulary [0, 1024)",
+    ),
+    (
+        COMPLETIONS,
+        completion(
+            echo=True,
+            logprobs=0,
+            prompt_logprob_token_ids=[2000],
+            return_tokens_as_token_ids=True,
+        ),
+        "prompt_logprob_token_ids",
+        "id 2000 is outside the vocabulary",
+    ),
+    (CHAT, chat(prompt_logprob_token_ids=[1]), "prompt_logprob_token_ids", "not supported"),
+    # not supported
     (COMPLETIONS, completion(best_of=3), "best_of", "not supported"),
     (COMPLETIONS, completion(suffix="x"), "suffix", "not supported"),
-    (CHAT, chat(logit_bias={"5": 100}), "logit_bias", "not supported"),
-    (CHAT, chat(presence_penalty=0.5), "presence_penalty", "not supported"),
-    (CHAT, chat(frequency_penalty=0.5), "frequency_penalty", "not supported"),
+    (COMPLETIONS, completion(prompt_logprobs=1), "prompt_logprobs", "not supported"),
     (CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", "not supported"),
+    (CHAT, chat(functions=[{"name": "f"}]), "functions", "not supported"),
+    (CHAT, chat(tool_choice="required"), "tool_choice", "not supported"),
     (CHAT, chat(response_format={"type": "json_object"}), "response_format", "not supported"),
+    # /tokenize, /detokenize, /generative_scoring
+    ("/tokenize", {"model": MODEL}, "prompt", "exactly one of `prompt` and `messages`"),
+    ("/detokenize", {"tokens": [1, 5000]}, "tokens", "id 5000 is outside the vocabulary"),
+    (
+        "/generative_scoring",
+        {"query": "a", "items": ["b"], "label_token_ids": [5000]},
+        "label_token_ids",
+        "id 5000 is outside the vocabulary",
+    ),
+    (
+        "/generative_scoring",
+        {"query": "a", "items": ["b"], "labels": ["yes", "yesterday"]},
+        "labels",
+        "both start with token",
+    ),
+    (
+        "/generative_scoring",
+        {"query": "a", "items": [TOO_LONG_TEXT], "label_token_ids": [1]},
+        "items",
+        "the context holds 256",
+    ),
 ]
 
 

@@ -1,0 +1,1 @@
+"""POST /generative_scoring (vLLM's)."""

@@ -1,0 +1,121 @@
+"""POST /generative_scoring: query + each item -> one `llm` step -> the labels' probabilities."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
+
+from adapter.errors import EngineError, InvalidRequestError
+from adapter.protocol import UsageInfo, distinct
+from adapter.scoring.protocol import (
+    GenerativeScoringItemResult,
+    GenerativeScoringRequest,
+    GenerativeScoringResponse,
+)
+from adapter.serving import OpenAIServing, gather_all
+from adapter.tensors import GenerationParams
+from backend.triton_io import INPUT_IDS, LOGPROB_TOKEN_IDS, TEXT_INPUT
+
+
+def label_probabilities(logprobs: Sequence[float], apply_softmax: bool) -> list[float]:
+    """A softmax over the labels' logprobs, or each one's probability over the vocabulary."""
+    if not apply_softmax:
+        return [math.exp(logprob) for logprob in logprobs]
+    top = max(logprobs)
+    weights = [math.exp(logprob - top) for logprob in logprobs]
+    total = sum(weights)
+    return [weight / total for weight in weights]
+
+
+class OpenAIServingGenerativeScoring(OpenAIServing):
+    """Tokenizes the query, the items and the labels with `preprocessing`, then scores each
+    item with one `llm` request; every request of a kind is in flight together."""
+
+    tensor_params: ClassVar[Mapping[str, str]] = {
+        TEXT_INPUT: "query",
+        INPUT_IDS: "items",
+        LOGPROB_TOKEN_IDS: "label_token_ids",
+    }
+
+    async def create_generative_scoring(
+        self, request: GenerativeScoringRequest
+    ) -> GenerativeScoringResponse:
+        model_name, info = await self.models.resolve(request.model)
+        label_param = "label_token_ids" if request.labels is None else "labels"
+        self.check_id_count(info, request.label_token_ids or request.labels, label_param)
+        request_id = f"generative-scoring-{request.request_id or uuid.uuid4().hex}"
+        label_ids = request.label_token_ids or await self._first_tokens(
+            request.labels or [], request_id
+        )
+        query, *items = await gather_all(
+            [
+                self._ids(
+                    request.query, request.add_special_tokens, f"{request_id}-query", "query"
+                ),
+                *(
+                    self._ids(item, False, f"{request_id}-item-{i}", "items")
+                    for i, item in enumerate(request.items)
+                ),
+            ]
+        )
+        scored = distinct(label_ids)
+        choices = [
+            GenerationParams(
+                prompt_ids=tuple(item + query if request.item_first else query + item),
+                max_tokens=1,
+                temperature=0.0,
+                logprobs=0,
+                logprob_token_ids=scored,
+            )
+            for item in items
+        ]
+        fields = {**self.tensor_params, LOGPROB_TOKEN_IDS: label_param}
+        outputs = await self.collect_all(choices, request_id, fields)
+        data = []
+        for index, item_outputs in enumerate(outputs):
+            rows = item_outputs[0].requested_logprobs
+            if len(rows) != 1 or len(rows[0]) != len(scored):
+                raise EngineError(f"Triton sent no logprobs of the labels for item {index}")
+            probabilities = label_probabilities(rows[0], request.apply_softmax)
+            token_probs = {str(t): p for t, p in zip(scored, probabilities, strict=True)}
+            data.append(
+                GenerativeScoringItemResult(
+                    index=index, score=token_probs[str(label_ids[0])], token_probs=token_probs
+                )
+            )
+        return GenerativeScoringResponse(
+            id=request_id,
+            model=model_name,
+            data=data,
+            usage=UsageInfo.from_choices([o[-1] for o in outputs], 1),
+            label_token_ids=list(label_ids),
+        )
+
+    async def _ids(
+        self, value: str | list[int], add_special_tokens: bool, request_id: str, parameter: str
+    ) -> list[int]:
+        """A text's ids from `preprocessing`; ids as they are."""
+        if not isinstance(value, str):
+            return value
+        params = GenerationParams(text=value, add_special_tokens=add_special_tokens)
+        return await self.tokenize(params, request_id, {TEXT_INPUT: parameter})
+
+    async def _first_tokens(self, labels: Sequence[str], request_id: str) -> list[int]:
+        """Each label's first token; two labels sharing it could not be told apart."""
+        tokenized = await gather_all(
+            self._ids(label, False, f"{request_id}-label-{i}", "labels")
+            for i, label in enumerate(labels)
+        )
+        first: dict[int, str] = {}
+        for label, ids in zip(labels, tokenized, strict=True):
+            if not ids:
+                raise InvalidRequestError(f"`labels`: {label!r} has no tokens.", parameter="labels")
+            if ids[0] in first:
+                raise InvalidRequestError(
+                    f"`labels` {first[ids[0]]!r} and {label!r} both start with token {ids[0]}.",
+                    parameter="labels",
+                )
+            first[ids[0]] = label
+        return list(first)

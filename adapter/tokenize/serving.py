@@ -1,0 +1,49 @@
+"""POST /tokenize (`preprocessing`) and /detokenize (`llm`'s prompt bytes)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import ClassVar
+
+from adapter.serving import OpenAIServing
+from adapter.tokenize.protocol import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from backend.triton_io import ADD_SPECIAL_TOKENS, INPUT_IDS, MESSAGES, TEXT_INPUT
+
+
+def decode(token_bytes: bytes) -> str:
+    return token_bytes.decode("utf-8", errors="replace")
+
+
+class OpenAIServingTokenization(OpenAIServing):
+    """Tokenizes as generation does, so the ids are the ones the model would see."""
+
+    tensor_params: ClassVar[Mapping[str, str]] = {
+        TEXT_INPUT: "prompt",
+        MESSAGES: "messages",
+        ADD_SPECIAL_TOKENS: "add_special_tokens",
+        INPUT_IDS: "tokens",
+    }
+
+    async def create_tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
+        _, info = await self.models.resolve(request.model)
+        request_id = f"tokenize-{uuid.uuid4().hex}"
+        ids = await self.tokenize(request.to_generation_params(), request_id)
+        token_strs = None
+        if request.return_token_strs:
+            pieces = await self.token_bytes(ids, info, request_id, parameter="prompt")
+            token_strs = [decode(piece) for piece in pieces]
+        return TokenizeResponse(
+            count=len(ids), max_model_len=info.max_model_len, tokens=ids, token_strs=token_strs
+        )
+
+    async def create_detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
+        _, info = await self.models.resolve(request.model)
+        request_id = f"detokenize-{uuid.uuid4().hex}"
+        pieces = await self.token_bytes(request.tokens, info, request_id, parameter="tokens")
+        return DetokenizeResponse(prompt=decode(b"".join(pieces)))

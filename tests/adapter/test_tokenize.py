@@ -1,0 +1,85 @@
+"""/tokenize and /detokenize against a fake engine whose id i is the byte i."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from backend import triton_io as io
+from tests.adapter.fakes import FakeEngine, prompt_only
+
+TEXT = "héllo"
+
+
+def test_tokenize_a_prompt(engine: FakeEngine, client: TestClient) -> None:
+    response = client.post("/tokenize", json={"model": "tiny", "prompt": TEXT})
+    assert response.status_code == 200, response.text
+    ids = list(TEXT.encode())
+    assert response.json() == {"count": 6, "max_model_len": 64, "tokens": ids, "token_strs": None}
+    [params] = engine.tokenized
+    assert (params.text, params.messages, params.add_special_tokens) == (TEXT, None, None)
+
+
+def test_tokenize_messages_with_token_strs(engine: FakeEngine, client: TestClient) -> None:
+    engine.respond = prompt_only
+    messages = [{"role": "user", "content": "é"}]
+    body = {"messages": messages, "add_special_tokens": True, "return_token_strs": True}
+    result = client.post("/tokenize", json=body).json()
+    [params] = engine.tokenized
+    assert (params.messages, params.add_special_tokens) == (tuple(messages), True)
+    assert len(result["token_strs"]) == result["count"] == len(result["tokens"])
+    # A token holding part of a character reads as U+FFFD (the fake's "é" is two tokens).
+    assert result["token_strs"].count("\ufffd") == 2
+
+
+def test_detokenize_joins_the_bytes(engine: FakeEngine, client: TestClient) -> None:
+    engine.respond = prompt_only
+    ids = list(TEXT.encode())
+    assert client.post("/detokenize", json={"tokens": ids}).json() == {"prompt": TEXT}
+    [(params, _)] = engine.requests
+    assert (params.prompt_ids, params.max_tokens, params.prompt_logprobs) == (tuple(ids), 0, 0)
+
+
+def test_detokenize_long_ids_in_chunks_inside_the_context(
+    engine: FakeEngine, client: TestClient
+) -> None:
+    engine.respond = prompt_only
+    text = "abc" * 50  # 150 ids; the fake's context holds 64, so a prompt at most 63
+    assert client.post("/detokenize", json={"tokens": list(text.encode())}).json()["prompt"] == text
+    assert [len(params.prompt_ids or ()) for params, _ in engine.requests] == [63, 63, 24]
+
+
+def test_detokenize_nothing(engine: FakeEngine, client: TestClient) -> None:
+    assert client.post("/detokenize", json={"tokens": []}).json() == {"prompt": ""}
+    assert engine.requests == []
+
+
+def test_detokenize_bad_ids_name_tokens(engine: FakeEngine, client: TestClient) -> None:
+    from adapter.errors import TritonInputError
+
+    engine.script = [TritonInputError(io.INPUT_IDS, "id 5000 is outside the vocabulary [0, 64)")]
+    response = client.post("/detokenize", json={"tokens": [1, 5000]})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "tokens"
+    assert "id 5000 is outside the vocabulary" in response.json()["error"]["message"]
+
+
+def test_tokenize_rules(client: TestClient) -> None:
+    cases = [
+        ({}, "prompt", "exactly one of `prompt` and `messages`"),
+        ({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt", "exactly one"),
+        ({"messages": [], "prompt": None}, "messages", "at least 1 item"),
+        (
+            {"messages": [{"role": "user", "content": "b"}], "add_generation_prompt": False},
+            "add_generation_prompt",
+            "not supported",
+        ),
+        ({"prompt": "a", "chat_template": "{{ x }}"}, "chat_template", "not supported"),
+    ]
+    for body, param, message in cases:
+        response = client.post("/tokenize", json=body)
+        assert response.status_code == 400, body
+        assert response.json()["error"]["param"] == param, body
+        assert message in response.json()["error"]["message"], body
+    response = client.post("/detokenize", json={"tokens": [1, "2"]})
+    assert response.json()["error"]["param"] == "tokens"
+    assert client.post("/tokenize", json={"model": "other", "prompt": "a"}).status_code == 404

@@ -257,32 +257,13 @@ class OpenAIServing:
             return await self.engine.tokenize(params, request_id)
 
     async def token_bytes(
-        self, ids: Sequence[int], info: ModelInfo, request_id: str, *, parameter: str
+        self, ids: Sequence[int], request_id: str, *, parameter: str
     ) -> list[bytes]:
-        """Each id's bytes (special tokens' text included), `parameter` named on a bad id.
-
-        `preprocessing` cannot detokenize, so the ids go to `llm` as a prompt that is scored,
-        not continued (MAX_TOKENS 0, PROMPT_LOGPROBS 0), and PROMPT_TOKEN_BYTES comes back;
-        chunks keep each prompt inside the context.
-        """
-        size = info.max_model_len - 1 if info.max_model_len else max(len(ids), 1)
-        chunks = [tuple(ids[i : i + size]) for i in range(0, len(ids), size)]
-        fields = {INPUT_IDS: parameter}
-        results = await gather_all(
-            self.collect(
-                GenerationParams(prompt_ids=chunk, max_tokens=0, prompt_logprobs=0),
-                f"{request_id}-bytes-{i}",
-                fields,
-            )
-            for i, chunk in enumerate(chunks)
-        )
-        token_bytes: list[bytes] = []
-        for chunk, outputs in zip(chunks, results, strict=True):
-            prompt = outputs[0].prompt
-            if prompt is None or len(prompt.token_bytes) != len(chunk):
-                raise EngineError("Triton sent no PROMPT_TOKEN_BYTES for the ids")
-            token_bytes.extend(prompt.token_bytes)
-        return token_bytes
+        """Each id's bytes (special tokens' text included), `parameter` named on a bad id."""
+        if not ids:
+            return []
+        with self.field_errors({INPUT_IDS: parameter}):
+            return await self.engine.token_bytes(ids, request_id)
 
     @staticmethod
     async def sse_stream(

@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any, Protocol
 
 import grpc
+import numpy as np
 import tritonclient.grpc.aio as grpcclient_aio
 from tritonclient.utils import InferenceServerException
 
@@ -53,6 +54,7 @@ from backend.triton_io import (
     STOP_TOKEN_IDS,
     TEMPERATURE,
     TEXT_INPUT,
+    TOKEN_BYTES,
     TOP_K,
     TOP_P,
 )
@@ -143,6 +145,10 @@ class Engine(Protocol):
 
     async def tokenize(self, params: GenerationParams, request_id: str) -> list[int]:
         """The ids of a text or chat prompt (`preprocessing`); raises as `generate` does."""
+        ...
+
+    async def token_bytes(self, ids: Sequence[int], request_id: str) -> list[bytes]:
+        """Each id's bytes (`preprocessing` detokenizes); raises as `generate` does."""
         ...
 
     def generate(
@@ -253,6 +259,20 @@ class TritonEngine:
         if ids is None:
             raise EngineError(f"`{self._preprocessing_model}` returned no {INPUT_IDS}")
         return ids.tolist()
+
+    async def token_bytes(self, ids: Sequence[int], request_id: str) -> list[bytes]:
+        """TOKEN_BYTES of `preprocessing` given INPUT_IDS alone."""
+        inputs = to_infer_inputs({INPUT_IDS: np.asarray(ids, dtype=np.int32)})
+        try:
+            result = await self.client.infer(
+                self._preprocessing_model, inputs, request_id=request_id
+            )
+        except InferenceServerException as exc:
+            raise error_from_rpc(exc) from exc
+        pieces = result.as_numpy(TOKEN_BYTES)
+        if pieces is None or len(pieces) != len(ids):
+            raise EngineError(f"`{self._preprocessing_model}` returned no {TOKEN_BYTES}")
+        return pieces.tolist()
 
     async def generate(
         self, params: GenerationParams, request_id: str

@@ -47,6 +47,7 @@ class PromptLogprobs:
     top_logprobs: np.ndarray  # [P-1, k]
     top_bytes: list[bytes]  # (P-1) * k
     token_id_logprobs: np.ndarray  # [P-1, M]
+    token_id_bytes: list[bytes]  # [M]
 
 
 @dataclass
@@ -265,6 +266,7 @@ class Engine:
             top_logprobs=out.top_logprobs.cpu().numpy(),
             top_bytes=[self.token_bytes[i] for i in top_ids.reshape(-1).tolist()],
             token_id_logprobs=out.token_logprobs.cpu().numpy().reshape(rows, len(ids)),
+            token_id_bytes=[self.token_bytes[i] for i in ids],
         )
 
     def _step(self) -> None:
@@ -355,8 +357,10 @@ class Engine:
             max_model_len=self.limits.max_model_len,
             stop_ids=seq.stop_ids,
         )
-        # A stop token's own text is not returned (vLLM); its id and logprobs are.
-        piece = "" if token in seq.stop_ids else seq.detokenizer.push(token)
+        # A stop token's own text is returned only with include_stop_str_in_output (vLLM); its
+        # id and logprobs always are.
+        hidden = token in seq.stop_ids and not params.include_stop_str_in_output
+        piece = "" if hidden else seq.detokenizer.push(token)
         if reason is not None:
             piece += seq.detokenizer.flush()
         text, hit_stop_string = seq.stop_matcher.push(piece)

@@ -1,14 +1,16 @@
-"""Text or chat messages -> prompt token ids, with the model's own tokenizer and chat template."""
+"""Text or chat messages -> prompt token ids, with the model's own tokenizer and chat template;
+and token ids -> their bytes (detokenization, token strings), without running the model."""
 
 from __future__ import annotations
 
 import json
 
 import numpy as np
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
 from backend.params import InvalidRequestError
-from backend.triton_io import MESSAGES, TEXT_INPUT
+from backend.token_bytes import token_bytes_table
+from backend.triton_io import INPUT_IDS, MESSAGES, TEXT_INPUT
 
 
 def _one_string(name: str, value: np.ndarray) -> str:
@@ -40,6 +42,39 @@ def _messages(raw: str) -> list[dict]:
 class Preprocessor:
     def __init__(self, model_path: str) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        config = AutoConfig.from_pretrained(model_path)
+        self.vocab_size = int(config.get_text_config().vocab_size)
+        self._token_bytes = token_bytes_table(self.tokenizer, self.vocab_size)
+
+    def token_bytes(self, ids: np.ndarray) -> np.ndarray:
+        """BYTES [n]: each id's bytes (a special token's are its text)."""
+        out = np.empty(len(ids), dtype=object)
+        out[:] = [self._token_bytes[i] for i in ids.tolist()]
+        return out
+
+    def run(
+        self,
+        text: np.ndarray | None,
+        messages: np.ndarray | None,
+        add_special_tokens: bool | None = None,
+        input_ids: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(INPUT_IDS, TOKEN_BYTES) of a text, chat or token-id input (exactly one of them)."""
+        if input_ids is None:
+            ids = self.to_ids(text, messages, add_special_tokens)
+        elif text is not None or messages is not None:
+            raise InvalidRequestError(INPUT_IDS, f"give {INPUT_IDS} alone, not with a prompt")
+        else:
+            ids = np.asarray(input_ids).reshape(-1)
+            if ids.dtype.kind not in "iu":
+                raise InvalidRequestError(INPUT_IDS, f"expected integer ids, got {ids.dtype}")
+            bad = ids[(ids < 0) | (ids >= self.vocab_size)]
+            if bad.size:
+                raise InvalidRequestError(
+                    INPUT_IDS, f"id {int(bad[0])} is outside the vocabulary [0, {self.vocab_size})"
+                )
+            ids = ids.astype(np.int32)
+        return ids, self.token_bytes(ids)
 
     def to_ids(
         self,
@@ -50,7 +85,9 @@ class Preprocessor:
         """INT32 prompt ids. Chat renders the template with the generation prompt; the template
         writes its own special tokens, so none are added by default."""
         if (text is None) == (messages is None):
-            raise InvalidRequestError(TEXT_INPUT, f"give exactly one of {TEXT_INPUT}, {MESSAGES}")
+            raise InvalidRequestError(
+                TEXT_INPUT, f"give exactly one of {TEXT_INPUT}, {MESSAGES}, {INPUT_IDS}"
+            )
         if text is not None:
             prompt = _one_string(TEXT_INPUT, text)
             add = True if add_special_tokens is None else add_special_tokens

@@ -21,6 +21,7 @@ INPUT_IDS = "INPUT_IDS"  # INT32 [-1], llm only
 TEXT_INPUT = "TEXT_INPUT"  # BYTES [1], ensemble / preprocessing only
 MESSAGES = "MESSAGES"  # BYTES [1] JSON list of chat messages, ensemble / preprocessing only
 ADD_SPECIAL_TOKENS = "ADD_SPECIAL_TOKENS"  # BOOL [1], preprocessing only
+TOKEN_BYTES = "TOKEN_BYTES"  # BYTES [-1], preprocessing output: the bytes of INPUT_IDS
 MAX_TOKENS = "MAX_TOKENS"  # INT32 [1]
 TEMPERATURE = "TEMPERATURE"  # FP32 [1]
 TOP_P = "TOP_P"  # FP32 [1]
@@ -64,6 +65,7 @@ PROMPT_TOP_LOGPROB_IDS = "PROMPT_TOP_LOGPROB_IDS"  # INT32 [P-1, k]
 PROMPT_TOP_LOGPROBS = "PROMPT_TOP_LOGPROBS"  # FP32 [P-1, k]
 PROMPT_TOP_LOGPROB_TOKEN_BYTES = "PROMPT_TOP_LOGPROB_TOKEN_BYTES"  # BYTES [P-1, k]
 PROMPT_LOGPROB_TOKEN_LOGPROBS = "PROMPT_LOGPROB_TOKEN_LOGPROBS"  # FP32 [P-1, M]
+PROMPT_LOGPROB_TOKEN_BYTES = "PROMPT_LOGPROB_TOKEN_BYTES"  # BYTES [M]
 
 # -inf cannot travel through JSON clients; vLLM and this contract send it as -9999.0.
 NEG_INF_LOGPROB = -9999.0
@@ -278,6 +280,7 @@ def _prompt_arrays(
             PROMPT_TOP_LOGPROBS: np.zeros((0, k), np.float32),
             PROMPT_TOP_LOGPROB_TOKEN_BYTES: _bytes_array([], (0, k)),
             PROMPT_LOGPROB_TOKEN_LOGPROBS: np.zeros((0, m), np.float32),
+            PROMPT_LOGPROB_TOKEN_BYTES: _bytes_array([], (0,)),
         }
     n = len(prompt.ids) - 1
     return {
@@ -288,4 +291,5 @@ def _prompt_arrays(
         PROMPT_TOP_LOGPROBS: _logprob_array(prompt.top_logprobs).reshape(n, k),
         PROMPT_TOP_LOGPROB_TOKEN_BYTES: _bytes_array(prompt.top_bytes, (n, k)),
         PROMPT_LOGPROB_TOKEN_LOGPROBS: _logprob_array(prompt.token_id_logprobs).reshape(n, m),
+        PROMPT_LOGPROB_TOKEN_BYTES: _bytes_array(prompt.token_id_bytes, (m,)),
     }

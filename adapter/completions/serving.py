@@ -22,7 +22,6 @@ from adapter.logprobs import LogprobsCollector, PositionLogprobs, TokenLogprob, 
 from adapter.protocol import UsageInfo
 from adapter.serving import SAMPLING_TENSOR_PARAMS, OpenAIServing
 from adapter.tensors import GenerationParams, TritonOutput
-from adapter.triton_client import ModelInfo
 from backend.triton_io import (
     INPUT_IDS,
     LOGPROBS,
@@ -156,7 +155,7 @@ class OpenAIServingCompletion(OpenAIServing):
         self.check_id_count(info, request.prompt_logprob_token_ids, "prompt_logprob_token_ids")
         choices = request.to_generation_params()
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        id_bytes = await self._prompt_id_bytes(request, choices[0], info, request_id)
+        id_bytes = await self._prompt_id_bytes(request, choices[0], request_id)
         builders = [CompletionChoiceBuilder(request, params, id_bytes) for params in choices]
         if request.stream:
             streams = await self.start_streams(choices, request_id)
@@ -170,7 +169,6 @@ class OpenAIServingCompletion(OpenAIServing):
         self,
         request: CompletionRequest,
         params: GenerationParams,
-        info: ModelInfo,
         request_id: str,
     ) -> list[bytes]:
         """The bytes of `prompt_logprob_token_ids`, for their token strings (the model sends
@@ -178,10 +176,7 @@ class OpenAIServingCompletion(OpenAIServing):
         if not params.prompt_logprob_token_ids or request.return_tokens_as_token_ids:
             return []
         return await self.token_bytes(
-            params.prompt_logprob_token_ids,
-            info,
-            request_id,
-            parameter="prompt_logprob_token_ids",
+            params.prompt_logprob_token_ids, request_id, parameter="prompt_logprob_token_ids"
         )
 
     @staticmethod

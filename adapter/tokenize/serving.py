@@ -36,14 +36,14 @@ class OpenAIServingTokenization(OpenAIServing):
         ids = await self.tokenize(request.to_generation_params(), request_id)
         token_strs = None
         if request.return_token_strs:
-            pieces = await self.token_bytes(ids, info, request_id, parameter="prompt")
+            pieces = await self.token_bytes(ids, request_id, parameter="prompt")
             token_strs = [decode(piece) for piece in pieces]
         return TokenizeResponse(
             count=len(ids), max_model_len=info.max_model_len, tokens=ids, token_strs=token_strs
         )
 
     async def create_detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
-        _, info = await self.models.resolve(request.model)
+        await self.models.resolve(request.model)  # 404 for an unknown model
         request_id = f"detokenize-{uuid.uuid4().hex}"
-        pieces = await self.token_bytes(request.tokens, info, request_id, parameter="tokens")
+        pieces = await self.token_bytes(request.tokens, request_id, parameter="tokens")
         return DetokenizeResponse(prompt=decode(b"".join(pieces)))

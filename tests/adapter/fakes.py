@@ -103,19 +103,11 @@ def byte_token(token_id: int) -> bytes:
     return bytes([token_id % 256])
 
 
-def prompt_only(params: GenerationParams) -> Script:
-    """What `llm` answers to MAX_TOKENS 0 with PROMPT_LOGPROBS: one final response with the
-    prompt's tokens, each logprob -1."""
-    ids = params.prompt_ids or ()
-    prompt = [(i, byte_token(i), -1.0) for i in ids]
-    return [output(prompt=prompt, finish_reason="length", prompt_tokens=len(ids))]
-
-
 @dataclass
 class FakeEngine:
     """Plays `script` for every request (or `respond(params)`'s script when set): outputs are
     yielded, exceptions raised. `tokenize` gives a text's UTF-8 bytes as ids, `tokens[text]`
-    when listed.
+    when listed; `token_bytes` gives id i the byte i.
 
     An `asyncio.Event` in the script blocks the stream until set, which lets tests cancel a
     request in flight; `closed` counts streams that were closed (normally or not).
@@ -125,6 +117,8 @@ class FakeEngine:
     respond: Callable[[GenerationParams], Script] | None = None
     tokens: dict[str, list[int]] = field(default_factory=dict)
     tokenized: list[GenerationParams] = field(default_factory=list)
+    detokenized: list[tuple[int, ...]] = field(default_factory=list)
+    bytes_error: Exception | None = None
     info: ModelInfo = field(
         default_factory=lambda: ModelInfo(
             max_model_len=64, max_logprobs=5, max_logprob_token_ids=8, model_path="/models/tiny"
@@ -148,6 +142,12 @@ class FakeEngine:
         self.tokenized.append(params)
         text = params.text if params.text is not None else str(params.messages)
         return self.tokens.get(text, list(text.encode()))
+
+    async def token_bytes(self, ids: Sequence[int], request_id: str) -> list[bytes]:
+        self.detokenized.append(tuple(ids))
+        if self.bytes_error is not None:
+            raise self.bytes_error
+        return [byte_token(i) for i in ids]
 
     async def generate(
         self, params: GenerationParams, request_id: str

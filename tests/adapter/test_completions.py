@@ -12,7 +12,7 @@ from adapter.completions.serving import OpenAIServingCompletion
 from adapter.errors import EngineError, TritonInputError
 from adapter.models import OpenAIServingModels
 from backend import triton_io as io
-from tests.adapter.fakes import FakeEngine, output, prompt_only
+from tests.adapter.fakes import FakeEngine, output
 from tests.adapter.sse import sse_payloads
 
 URL = "/v1/completions"
@@ -298,11 +298,7 @@ def test_prompt_logprob_token_ids_follow_the_prompt_token(
         prompt_requested=[[-3.0, -1.0], [-0.5, -6.0]],  # columns: ids 9, 65
         finish_reason="length",
     )
-    engine.respond = lambda params: (
-        prompt_only(params)
-        if params.max_tokens == 0 and not params.prompt_logprob_token_ids
-        else [main]
-    )
+    engine.script = [main]
     body = {**SCORE_PROMPT, "prompt_logprob_token_ids": [9, 65, 9]}
     top = client.post(URL, json=body).json()["choices"][0]["logprobs"]["top_logprobs"]
     # The prompt token first, then each distinct requested id but it, in request order; the
@@ -312,8 +308,8 @@ def test_prompt_logprob_token_ids_follow_the_prompt_token(
         [("\ufffd", -1.0), ("\t", -3.0), ("A", -1.0)],
         [("\ufffd", -0.5), ("A", -6.0)],  # the prompt token is 9: once, first
     ]
-    bytes_request, main_request = (params for params, _ in engine.requests)
-    assert bytes_request.prompt_ids == (9, 65)  # the ids' bytes, from a prompt-only request
+    assert engine.detokenized == [(9, 65)]  # the ids' bytes, from preprocessing
+    [(main_request, _)] = engine.requests
     assert main_request.prompt_logprob_token_ids == (9, 65)
     assert main_request.prompt_logprobs == 0
 

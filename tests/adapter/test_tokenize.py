@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from backend import triton_io as io
-from tests.adapter.fakes import FakeEngine, prompt_only
+from tests.adapter.fakes import FakeEngine
 
 TEXT = "héllo"
 
@@ -20,7 +20,6 @@ def test_tokenize_a_prompt(engine: FakeEngine, client: TestClient) -> None:
 
 
 def test_tokenize_messages_with_token_strs(engine: FakeEngine, client: TestClient) -> None:
-    engine.respond = prompt_only
     messages = [{"role": "user", "content": "é"}]
     body = {"messages": messages, "add_special_tokens": True, "return_token_strs": True}
     result = client.post("/tokenize", json=body).json()
@@ -32,31 +31,21 @@ def test_tokenize_messages_with_token_strs(engine: FakeEngine, client: TestClien
 
 
 def test_detokenize_joins_the_bytes(engine: FakeEngine, client: TestClient) -> None:
-    engine.respond = prompt_only
     ids = list(TEXT.encode())
     assert client.post("/detokenize", json={"tokens": ids}).json() == {"prompt": TEXT}
-    [(params, _)] = engine.requests
-    assert (params.prompt_ids, params.max_tokens, params.prompt_logprobs) == (tuple(ids), 0, 0)
-
-
-def test_detokenize_long_ids_in_chunks_inside_the_context(
-    engine: FakeEngine, client: TestClient
-) -> None:
-    engine.respond = prompt_only
-    text = "abc" * 50  # 150 ids; the fake's context holds 64, so a prompt at most 63
-    assert client.post("/detokenize", json={"tokens": list(text.encode())}).json()["prompt"] == text
-    assert [len(params.prompt_ids or ()) for params, _ in engine.requests] == [63, 63, 24]
+    assert engine.detokenized == [tuple(ids)]  # preprocessing, not a generation request
+    assert engine.requests == []
 
 
 def test_detokenize_nothing(engine: FakeEngine, client: TestClient) -> None:
     assert client.post("/detokenize", json={"tokens": []}).json() == {"prompt": ""}
-    assert engine.requests == []
+    assert engine.detokenized == []
 
 
 def test_detokenize_bad_ids_name_tokens(engine: FakeEngine, client: TestClient) -> None:
     from adapter.errors import TritonInputError
 
-    engine.script = [TritonInputError(io.INPUT_IDS, "id 5000 is outside the vocabulary [0, 64)")]
+    engine.bytes_error = TritonInputError(io.INPUT_IDS, "id 5000 is outside the vocabulary [0, 64)")
     response = client.post("/detokenize", json={"tokens": [1, 5000]})
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "tokens"

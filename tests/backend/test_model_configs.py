@@ -29,8 +29,9 @@ def test_ensemble_mirrors_llm():
         k: v for k, v in llm_in.items() if k != triton_io.INPUT_IDS
     }
     pre_in, pre_out = _tensors("preprocessing")
-    assert set(ens_in) == (set(llm_in) - {triton_io.INPUT_IDS}) | set(pre_in)
-    assert set(pre_out) == {triton_io.INPUT_IDS}
+    # The ensemble takes text or chat; token ids go to llm (or preprocessing, to detokenize).
+    assert set(ens_in) == (set(llm_in) | set(pre_in)) - {triton_io.INPUT_IDS}
+    assert set(pre_out) == {triton_io.INPUT_IDS, triton_io.TOKEN_BYTES}
     text = (TEMPLATE / "ensemble" / "config.pbtxt").read_text()
     for name in set(ens_in) | set(ens_out):
         assert f'key: "{name}" value: "{name}"' in text, f"{name} is not mapped to its step"

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backend.triton_io import ADD_SPECIAL_TOKENS, INPUT_IDS, MESSAGES, TEXT_INPUT
+from backend.triton_io import ADD_SPECIAL_TOKENS, INPUT_IDS, MESSAGES, TEXT_INPUT, TOKEN_BYTES
 from tests.fakes.pb_utils import FakeRequest
 from tests.reference import tokenizer
 
@@ -21,13 +21,19 @@ def string(value: str | bytes) -> np.ndarray:
     return np.array([value.encode() if isinstance(value, str) else value], dtype=object)
 
 
-def ids_of(response: Any) -> list[int]:
+def outputs_of(response: Any) -> dict[str, np.ndarray]:
     assert not response.has_error(), response.error()
-    [tensor] = response.output_tensors()
-    assert tensor.name() == INPUT_IDS
-    assert tensor.as_numpy().dtype == np.int32
-    assert tensor.as_numpy().ndim == 1
-    return tensor.as_numpy().tolist()
+    outputs = {tensor.name(): tensor.as_numpy() for tensor in response.output_tensors()}
+    assert set(outputs) == {INPUT_IDS, TOKEN_BYTES}
+    assert outputs[INPUT_IDS].dtype == np.int32 and outputs[INPUT_IDS].ndim == 1
+    assert outputs[TOKEN_BYTES].shape == outputs[INPUT_IDS].shape
+    return outputs
+
+
+def ids_of(response: Any) -> list[int]:
+    outputs = outputs_of(response)
+    # The bytes of the ids are the text again (this tokenizer adds no special tokens to text).
+    return outputs[INPUT_IDS].tolist()
 
 
 def test_text_gives_the_tokenizers_ids(preprocessing_model: Any, model_dir: Path) -> None:
@@ -35,6 +41,26 @@ def test_text_gives_the_tokenizers_ids(preprocessing_model: Any, model_dir: Path
     expected = tokenizer(model_dir)(TEXT)["input_ids"]
     assert ids_of(response) == expected
     assert tokenizer(model_dir).decode(expected) == TEXT
+    assert b"".join(outputs_of(response)[TOKEN_BYTES].tolist()).decode() == TEXT
+
+
+def test_input_ids_alone_give_their_bytes(preprocessing_model: Any, model_dir: Path) -> None:
+    ids = tokenizer(model_dir)(TEXT)["input_ids"]
+    eos = tokenizer(model_dir).eos_token_id
+    request = FakeRequest({INPUT_IDS: np.array([*ids, eos, 1023], dtype=np.int32)})
+    [response] = preprocessing_model.execute([request])
+    pieces = outputs_of(response)[TOKEN_BYTES].tolist()
+    assert b"".join(pieces[:-2]).decode() == TEXT
+    assert pieces[-2:] == [b"<|endoftext|>", b""]  # special text; a padded id has no bytes
+
+
+def test_bad_input_ids_are_invalid_arg(preprocessing_model: Any) -> None:
+    for arrays, message in [
+        ({INPUT_IDS: np.array([5, 1024], dtype=np.int32)}, "id 1024 is outside the vocabulary"),
+        ({INPUT_IDS: np.array([5], np.int32), TEXT_INPUT: string("x")}, "give INPUT_IDS alone"),
+    ]:
+        [response] = preprocessing_model.execute([FakeRequest(arrays)])
+        assert response.has_error() and message in response.error().message()
 
 
 def test_messages_are_rendered_with_the_chat_template(
@@ -67,10 +93,10 @@ def test_add_special_tokens_is_forwarded(preprocessing_model: Any, model_dir: Pa
 @pytest.mark.parametrize(
     ("inputs", "message"),
     [
-        ({}, "TEXT_INPUT: give exactly one of TEXT_INPUT, MESSAGES"),
+        ({}, "TEXT_INPUT: give exactly one of TEXT_INPUT, MESSAGES, INPUT_IDS"),
         (
             {TEXT_INPUT: string("hi"), MESSAGES: string('[{"role": "user", "content": "hi"}]')},
-            "TEXT_INPUT: give exactly one of TEXT_INPUT, MESSAGES",
+            "TEXT_INPUT: give exactly one of TEXT_INPUT, MESSAGES, INPUT_IDS",
         ),
         ({MESSAGES: string("not json")}, "MESSAGES: is not valid JSON: Expecting value"),
         ({MESSAGES: string("[]")}, "MESSAGES: must be a non-empty JSON list of messages"),

@@ -341,6 +341,7 @@ def prompt_shapes(p: int, k: int, m: int) -> dict[str, tuple[int, ...]]:
         io.PROMPT_TOP_LOGPROBS: (n, k),
         io.PROMPT_TOP_LOGPROB_TOKEN_BYTES: (n, k),
         io.PROMPT_LOGPROB_TOKEN_LOGPROBS: (n, m),
+        io.PROMPT_LOGPROB_TOKEN_BYTES: (m if p else 0,),
     }
 
 
@@ -363,6 +364,7 @@ def test_prompt_outputs_are_zero_size_except_on_the_response_carrying_them(k: in
         top_logprobs=-rng.random((3, k)).astype(np.float32),
         top_bytes=[b"t%d" % i for i in range(3 * k)],
         token_id_logprobs=-rng.random((3, m)).astype(np.float32),
+        token_id_bytes=[b"nine"] * m,
     )
     arrays = io.output_arrays(out, params)
     assert {name: arrays[name].shape for name in prompt_shapes(4, k, m)} == prompt_shapes(4, k, m)
@@ -378,3 +380,4 @@ def test_prompt_outputs_are_zero_size_except_on_the_response_carrying_them(k: in
         arrays[io.PROMPT_LOGPROB_TOKEN_LOGPROBS], out.prompt.token_id_logprobs
     )
     assert arrays[io.PROMPT_TOP_LOGPROB_TOKEN_BYTES].reshape(-1).tolist() == out.prompt.top_bytes
+    assert arrays[io.PROMPT_LOGPROB_TOKEN_BYTES].tolist() == [b"nine"] * m

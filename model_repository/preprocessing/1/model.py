@@ -1,4 +1,5 @@
-"""Triton glue for preprocessing: TEXT_INPUT or MESSAGES -> INPUT_IDS (backend/preprocessing.py)."""
+"""Triton glue for preprocessing (backend/preprocessing.py): TEXT_INPUT, MESSAGES or INPUT_IDS in,
+INPUT_IDS and their TOKEN_BYTES out."""
 
 import json
 
@@ -7,7 +8,7 @@ import triton_python_backend_utils as pb_utils
 from backend.config import preprocessing_model_path
 from backend.params import InvalidRequestError
 from backend.preprocessing import Preprocessor
-from backend.triton_io import ADD_SPECIAL_TOKENS, INPUT_IDS, MESSAGES, TEXT_INPUT
+from backend.triton_io import ADD_SPECIAL_TOKENS, INPUT_IDS, MESSAGES, TEXT_INPUT, TOKEN_BYTES
 
 
 def _input(request, name: str):
@@ -27,14 +28,16 @@ class TritonPythonModel:
         for request in requests:
             add_special = _input(request, ADD_SPECIAL_TOKENS)
             try:
-                ids = self.preprocessor.to_ids(
+                ids, token_bytes = self.preprocessor.run(
                     _input(request, TEXT_INPUT),
                     _input(request, MESSAGES),
                     None if add_special is None else bool(add_special.reshape(-1)[0]),
+                    _input(request, INPUT_IDS),
                 )
             except InvalidRequestError as exc:
                 error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
                 responses.append(pb_utils.InferenceResponse(error=error))
                 continue
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(INPUT_IDS, ids)]))
+            tensors = [pb_utils.Tensor(INPUT_IDS, ids), pb_utils.Tensor(TOKEN_BYTES, token_bytes)]
+            responses.append(pb_utils.InferenceResponse(tensors))
         return responses

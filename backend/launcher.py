@@ -122,7 +122,8 @@ def serve(
     try:
         for process in processes:
             process.start()
-            process.wait_ready(ready_timeout)
+            if not process.wait_ready(ready_timeout, stop):
+                return 0  # stopped while starting
         on_ready()
         while not stop.wait(1.0):
             for process in processes:

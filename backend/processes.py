@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -71,7 +72,9 @@ class ChildProcess:
         except (urllib.error.URLError, OSError):
             return False
 
-    def wait_ready(self, timeout_s: float = 120.0) -> None:
+    def wait_ready(self, timeout_s: float = 120.0, stop: threading.Event | None = None) -> bool:
+        """True once ready; False if `stop` was set first (a SIGTERM during start-up)."""
+        stop = stop or threading.Event()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._process is not None and self._process.poll() is not None:
@@ -79,8 +82,9 @@ class ChildProcess:
                     f"{self.name} exited with {self._process.returncode}\n{self.log_tail()}"
                 )
             if self.is_ready():
-                return
-            time.sleep(0.25)
+                return True
+            if stop.wait(0.25):
+                return False
         raise TimeoutError(f"{self.name} not ready after {timeout_s:.0f} s\n{self.log_tail()}")
 
     def log_tail(self, lines: int = 40) -> str:

@@ -102,12 +102,22 @@ class TritonServer(ChildProcess):
     def env(self) -> dict[str, str]:
         env = super().env()
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-        libs = [sysconfig.get_config_var("LIBDIR") or ""]
-        try:
+        if self._bundled():  # a system server keeps its image's library path (CUDA compat libs)
             import pytriton
 
-            libs.append(str(Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"))
-        except ImportError:
-            pass
-        env["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, env.get("LD_LIBRARY_PATH", "")])
+            libs = [
+                sysconfig.get_config_var("LIBDIR") or "",
+                str(Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"),
+            ]
+            env["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, env.get("LD_LIBRARY_PATH", "")])
         return env
+
+    def _bundled(self) -> bool:
+        """Whether the binary is nvidia-pytriton's (also when passed as `tritonserver`)."""
+        if self.tritonserver is None:
+            return True
+        try:
+            import pytriton
+        except ImportError:
+            return False
+        return Path(pytriton.__file__).parent in Path(self.tritonserver).resolve().parents

@@ -178,10 +178,13 @@ def _requirements(path: Path) -> list[Requirement]:
 
 
 def _pyproject_dependencies() -> dict[str, Requirement]:
-    """pyproject.toml's `dependencies` (no extras), as installed: the Makefile reinstalls the
-    project whenever pyproject.toml changes."""
-    requirements = [Requirement(d) for d in importlib.metadata.requires("triton-logprobs") or []]
-    return {r.name: r for r in requirements if r.marker is None}
+    """pyproject.toml's dependencies, extras' included, as installed (the Makefile reinstalls the
+    project whenever pyproject.toml changes): name -> the first requirement naming it."""
+    found: dict[str, Requirement] = {}
+    for line in importlib.metadata.requires("triton-logprobs") or []:
+        requirement = Requirement(line)
+        found.setdefault(requirement.name, requirement)
+    return found
 
 
 @pytest.mark.parametrize("image", ["triton", "adapter"])

@@ -176,7 +176,14 @@ def test_the_adapter_spreads_over_the_headless_service(resources: dict) -> None:
     }
     assert probes == {"readinessProbe": ("/health/ready", 9000), "livenessProbe": ("/health", 9000)}
     assert "nvidia.com/gpu" not in str(adapter["resources"])
-    assert resources[("Deployment", "adapter")]["spec"]["replicas"] >= 2
+    assert resources[("HorizontalPodAutoscaler", "adapter")]["spec"]["minReplicas"] >= 2
+
+
+def test_the_autoscalers_own_the_replica_counts(resources: dict) -> None:
+    for name in ("triton", "adapter"):
+        assert "replicas" not in resources[("Deployment", name)]["spec"]
+        target = resources[("HorizontalPodAutoscaler", name)]["spec"]["scaleTargetRef"]
+        assert target == {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
 
 
 def test_triton_scales_on_the_engines_queue_and_sequences(resources: dict) -> None:

@@ -1,0 +1,48 @@
+# The adapter image: the OpenAI-compatible HTTP server (`python -m adapter`) alone, in front of
+# Triton's gRPC port. No torch, no transformers: the adapter never tokenizes (Triton's
+# `preprocessing` model does) and reads token bytes from Triton's tensors. Build from the
+# repository root:
+#   docker build -f docker/adapter.Dockerfile -t triton-logprobs/adapter .
+#   docker run -p 9000:9000 -e ADAPTER_TRITON_URL=triton-host:8001 triton-logprobs/adapter
+# Settings are the adapter's ADAPTER_* variables (README "The OpenAI adapter") or its flags.
+#
+# python:3.11: the Python the test suite runs on, and one that numpy 1.26.4 (pyproject.toml's
+# numpy<2) has wheels for. Pin the digest too (python:3.11-slim-bookworm@sha256:...) for builds
+# that must be reproducible byte for byte.
+FROM python:3.11-slim-bookworm AS build
+
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore
+
+WORKDIR /src
+RUN python -m venv /opt/venv
+
+# The adapter's dependencies only (docker/requirements-adapter.txt), then the project without its
+# dependencies: pyproject.toml's `dependencies` include torch and transformers for the engine.
+COPY docker/requirements-adapter.txt docker/
+RUN /opt/venv/bin/pip install --no-cache-dir --only-binary=:all: -r docker/requirements-adapter.txt
+
+# adapter/ plus backend/ (the adapter imports backend.triton_io, which needs numpy only); the
+# engine's other modules come along as files and are never imported.
+COPY pyproject.toml README.md ./
+COPY backend/ backend/
+COPY adapter/ adapter/
+# The check fails the build if the adapter does not import here, or if torch or transformers got
+# in by some dependency.
+RUN /opt/venv/bin/pip install --no-cache-dir --no-deps . \
+    && /opt/venv/bin/python -c 'import importlib.util as u, adapter.app, adapter.__main__; heavy = [m for m in ("torch", "transformers", "tokenizers") if u.find_spec(m)]; assert not heavy, heavy'
+
+FROM python:3.11-slim-bookworm
+
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    ADAPTER_HOST=0.0.0.0 \
+    ADAPTER_PORT=9000
+
+# Unprivileged, no home: the adapter writes nothing (a read-only root filesystem works).
+USER 10001:10001
+EXPOSE 9000
+# uvicorn as the main process: SIGTERM shuts it down gracefully (docker stop, pod deletion).
+ENTRYPOINT ["python", "-m", "adapter"]

@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from backend.processes import ChildProcess, free_port
 
 
 class AdapterServer(ChildProcess):
-    """uvicorn serving the adapter; ready when its /health/ready says Triton is ready too."""
+    """uvicorn serving the adapter; ready when its /health/ready says Triton is ready too.
+
+    `api_key` reaches the adapter as ADAPTER_API_KEY in its environment, not as a flag, so it
+    does not show in the process list; `options` are other adapter flags (`max_n=2` becomes
+    `--max-n 2`).
+    """
 
     name = "adapter"
-    stop_signal = signal.SIGINT  # uvicorn's graceful shutdown
+    # The adapter drains on it (in-flight requests finish up to --drain-timeout-s), as it does
+    # when docker or Kubernetes stop it.
+    stop_signal = signal.SIGTERM
 
     def __init__(
         self,
@@ -22,12 +30,16 @@ class AdapterServer(ChildProcess):
         port: int = 9000,
         served_model_name: str | None = None,
         log_path: Path | None = None,
+        api_key: str | None = None,
+        options: Mapping[str, object] | None = None,
     ) -> None:
         super().__init__(log_path)
         self.triton_url = triton_url
         self.host = host
         self.port = port or free_port()
         self.served_model_name = served_model_name
+        self.api_key = api_key
+        self.options = dict(options or {})
 
     @property
     def url(self) -> str:
@@ -48,4 +60,12 @@ class AdapterServer(ChildProcess):
                    "--triton-url", self.triton_url]  # fmt: skip
         if self.served_model_name:
             command += ["--served-model-name", self.served_model_name]
+        for name, value in self.options.items():
+            command += [f"--{name.replace('_', '-')}", str(value)]
         return command
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        if self.api_key is not None:
+            env["ADAPTER_API_KEY"] = self.api_key
+        return env

@@ -34,6 +34,8 @@ class LLMConfig:
     max_model_len: int = 0
     """0 = the model's max_position_embeddings."""
     max_num_seqs: int = 16
+    num_threads: int = 0
+    """torch intra-op threads; 0 = half the CPU cores (the rest serve Triton and its clients)."""
     kv_cache_memory_mb: int = 0
     """KV cache budget; 0 = room for `max_num_seqs` sequences of `max_model_len` tokens."""
     max_queue_size: int = 256
@@ -57,6 +59,7 @@ class LLMConfig:
             dtype=params.get("dtype", "auto") or "auto",
             max_model_len=int(params.get("max_model_len", 0) or 0),
             max_num_seqs=int(params.get("max_num_seqs", 16) or 16),
+            num_threads=int(params.get("num_threads", 0) or 0),
             kv_cache_memory_mb=int(params.get("kv_cache_memory_mb", 0) or 0),
             max_queue_size=int(params.get("max_queue_size", 256) or 256),
             max_logprobs=int(params.get("max_logprobs", 20) or 20),

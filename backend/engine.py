@@ -30,6 +30,10 @@ from kernels.logprobs import warmup as warmup_kernels
 
 logger = logging.getLogger(__name__)
 
+# Asking Triton whether a request was cancelled is an IPC round trip per sequence; every few
+# steps is enough to stop a cancelled one within a few tokens.
+CANCEL_CHECK_INTERVAL = 4
+
 # Kinds of final error a sink is told about (model.py maps them to Triton error codes).
 INTERNAL = "internal"
 CANCELLED = "cancelled"
@@ -142,6 +146,7 @@ class Engine:
         self._incoming: queue.Queue[tuple[GenerationParams, OutputSink]] = queue.Queue()
         self._active: list[_Sequence] = []
         self._running = False
+        self._steps = 0
         self._thread: threading.Thread | None = None
 
     # --- public API (any thread) ----------------------------------------------------------------
@@ -270,7 +275,9 @@ class Engine:
         )
 
     def _step(self) -> None:
-        self._drop_cancelled()
+        self._steps += 1
+        if self._steps % CANCEL_CHECK_INTERVAL == 0:
+            self._drop_cancelled()
         rows = self._active
         if not rows:
             return

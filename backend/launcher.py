@@ -68,6 +68,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="model id in the OpenAI API (default: the model folder's name)",
     )
+    add(
+        "--api-key",
+        default=None,
+        help="key the OpenAI adapter requires (`Authorization: Bearer <key>`); default: "
+        "ADAPTER_API_KEY from the environment, else none. The variable keeps it out of the "
+        "process list",
+    )
     add("--ready-timeout", type=float, default=300.0)
     return parser.parse_args(argv)  # fmt: skip
 
@@ -108,6 +115,7 @@ def build_adapter(args: argparse.Namespace, server: TritonServer) -> AdapterServ
         port=args.adapter_port,
         served_model_name=args.served_model_name,
         log_path=args.run_dir / "adapter.log",
+        api_key=args.api_key,
     )
 
 

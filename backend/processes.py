@@ -49,6 +49,11 @@ class ChildProcess:
         return dict(os.environ)
 
     @property
+    def pid(self) -> int | None:
+        """The process id while started (also its process group's: it leads its session)."""
+        return None if self._process is None else self._process.pid
+
+    @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 

@@ -6,7 +6,9 @@ flag with the last data response, exactly once, also on error and cancellation.
 """
 
 import json
+import os
 
+import torch
 import triton_python_backend_utils as pb_utils
 
 from backend.config import LLMConfig
@@ -110,6 +112,7 @@ class TritonPythonModel:
             )
         self.logger = pb_utils.Logger
         config = LLMConfig.from_model_config(model_config, args["model_repository"])
+        torch.set_num_threads(config.num_threads or max(1, (os.cpu_count() or 2) // 2))
         runner = ModelRunner(
             config.model_path,
             device=config.device,

@@ -1,0 +1,1 @@
+"""Load benchmark of the serving stack against `transformers serve`: `python -m bench.run`."""

@@ -1,0 +1,87 @@
+"""What the numbers were measured on, and how much of the CPU others took meanwhile.
+
+The benchmark machine is shared (2 cores, other jobs come and go), so every run records the
+share of all CPUs used by processes outside this benchmark's own process tree (and stolen by the
+hypervisor) while it ran: a run with a large share is noise, not a result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import time
+from pathlib import Path
+from types import TracebackType
+
+import psutil
+
+
+def describe_machine() -> str:
+    """One line: CPU model, CPU count, architecture, accelerator, library versions."""
+    import torch
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    gpu = "a CUDA GPU" if torch.cuda.is_available() else "no GPU"
+    return (
+        f"{cpu}, {os.cpu_count()} CPUs, {platform.machine()}, {gpu}; "
+        f"Python {platform.python_version()}, torch {torch.__version__}, "
+        f"transformers {transformers.__version__}"
+    )
+
+
+def _tree_cpu_s() -> dict[int, float]:
+    """CPU seconds (user + system) of this process and each of its descendants, by pid."""
+    me = psutil.Process()
+    times = {}
+    for process in [me, *me.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            cpu = process.cpu_times()
+            times[process.pid] = cpu.user + cpu.system
+    return times
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds the machine spent not idle, summed over CPUs; stolen time counts as busy."""
+    cpu = psutil.cpu_times()
+    return sum(cpu) - cpu.idle - getattr(cpu, "iowait", 0.0)
+
+
+class OthersCpu:
+    """A context manager; `share` is the fraction of all CPUs that processes outside this
+    benchmark's tree (or the hypervisor) used during the block."""
+
+    share: float = float("nan")
+
+    def __enter__(self) -> OthersCpu:
+        self._start = time.monotonic()
+        self._busy = _machine_busy_s()
+        self._ours = _tree_cpu_s()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        ours = sum(t - self._ours.get(pid, 0.0) for pid, t in _tree_cpu_s().items())
+        capacity = (time.monotonic() - self._start) * (os.cpu_count() or 1)
+        self.share = max(_machine_busy_s() - self._busy - ours, 0.0) / capacity
+
+
+def wait_until_quiet(max_wait_s: float, threshold: float, window_s: float = 1.0) -> float:
+    """Waits, at most `max_wait_s`, for a `window_s` in which others used under `threshold` of
+    the CPUs; returns the share of the last window (the machine is shared, runs are short)."""
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        with OthersCpu() as others:
+            time.sleep(window_s)
+        if others.share < threshold or time.monotonic() >= deadline:
+            return others.share

@@ -1,0 +1,392 @@
+"""An asyncio load generator: N streaming requests at concurrency C against one target.
+
+Targets are pluggable: Triton's `llm` over a gRPC stream (`TritonTarget`) and any OpenAI
+`/v1/completions` server that streams server-sent events (`OpenAICompletionsTarget`: the adapter,
+or `transformers serve`). Each request records when it was sent, when its first token arrived,
+when it ended and how many tokens it produced, so time to first token (TTFT), time per output
+token (TPOT) and aggregate throughput come from the same numbers for every target. Everything is
+bounded: a fixed list of requests, a deadline per request and one for the whole run; URLs are
+meant to be loopback and proxies from the environment are ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import grpc
+import httpx
+import numpy as np
+import tritonclient.grpc.aio as grpcclient_aio
+from tritonclient.grpc import InferInput
+from tritonclient.utils import np_to_triton_dtype
+
+from backend import triton_io as io
+
+PROMPT_LENGTHS = (16, 64, 128)
+OUTPUT_LENGTHS = (32, 64, 128)
+# Made-up words for prompts: text the generated tokenizer splits into ordinary tokens, far from
+# the memorised passage, so a greedy model rarely produces EOS after it.
+_SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request of the workload: the same prompt as ids and as text, and its output length."""
+
+    prompt_ids: tuple[int, ...]
+    prompt_text: str
+    max_tokens: int
+
+
+class Tokenizer(Protocol):
+    """What the workload needs of a Hugging Face tokenizer."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+def _prompt(tokenizer: Tokenizer, length: int, rng: random.Random, attempts: int = 50) -> str:
+    """Text of exactly `length` tokens that encodes back to the same ids.
+
+    Both sides then see the same tokens: our targets get the ids, `transformers serve` (text
+    prompts only) tokenizes the text with the same tokenizer.
+    """
+    for _ in range(attempts):
+        words = [
+            "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 3)))
+            for _ in range(2 * length)
+        ]
+        ids = tokenizer.encode(" ".join(words))[:length]
+        text = tokenizer.decode(ids)
+        if len(ids) == length and tokenizer.encode(text) == ids:
+            return text
+    raise RuntimeError(f"no prompt of {length} tokens round-trips through the tokenizer")
+
+
+def make_workload(
+    tokenizer: Tokenizer,
+    count: int,
+    prompt_lengths: Sequence[int] = PROMPT_LENGTHS,
+    output_lengths: Sequence[int] = OUTPUT_LENGTHS,
+    seed: int = 0,
+) -> list[RequestSpec]:
+    """`count` requests cycling through every (prompt length, output length) pair.
+
+    In Latin-square order: with as many prompt as output lengths, every run of that many
+    consecutive requests holds each prompt length and each output length once, so a short run
+    has the same mean lengths as a long one.
+    """
+    rng = random.Random(seed)
+    specs = []
+    for index in range(count):
+        prompt_length = prompt_lengths[index % len(prompt_lengths)]
+        max_tokens = output_lengths[(index + index // len(prompt_lengths)) % len(output_lengths)]
+        text = _prompt(tokenizer, prompt_length, rng)
+        specs.append(RequestSpec(tuple(tokenizer.encode(text)), text, max_tokens))
+    return specs
+
+
+FirstToken = Callable[[], None]
+
+
+class Target(Protocol):
+    """A server under load. `generate` streams one request, calls `first_token` when its first
+    token arrives and returns how many tokens it generated."""
+
+    name: str
+
+    async def generate(self, spec: RequestSpec, first_token: FirstToken) -> int: ...
+
+    async def aclose(self) -> None: ...
+
+
+def _tensor(name: str, array: np.ndarray) -> InferInput:
+    tensor = InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+_GRPC_CHANNEL_ARGS = [
+    # What tritonclient sets when given no channel args, plus: never route loopback via a proxy.
+    ("grpc.max_send_message_length", 2**31 - 1),
+    ("grpc.max_receive_message_length", 2**31 - 1),
+    ("grpc.enable_http_proxy", 0),
+]
+
+
+class TritonTarget:
+    """Triton's `llm` model: token-id prompts, greedy, a fixed output length (IGNORE_EOS).
+
+    One gRPC stream per request, as a client serving independent users would open. With
+    `logprob_token_ids` every request also asks for those ids' logprobs at every position
+    (and LOGPROBS=0, the sampled token's), and the first response is checked to carry them.
+    """
+
+    def __init__(
+        self, url: str, model: str = "llm", logprob_token_ids: Sequence[int] = (), name: str = ""
+    ) -> None:
+        self.name = name or f"triton-grpc:{model}"
+        self._model = model
+        self._url = url
+        self._explicit = np.array(logprob_token_ids, dtype=np.int32)
+        self._client: grpcclient_aio.InferenceServerClient | None = None
+
+    @property
+    def client(self) -> grpcclient_aio.InferenceServerClient:
+        """Made on first use: a gRPC aio channel belongs to the event loop it was made in."""
+        if self._client is None:
+            self._client = grpcclient_aio.InferenceServerClient(
+                self._url, channel_args=_GRPC_CHANNEL_ARGS
+            )
+        return self._client
+
+    def _inputs(self, spec: RequestSpec) -> list[InferInput]:
+        inputs = [
+            _tensor(io.INPUT_IDS, np.array(spec.prompt_ids, dtype=np.int32)),
+            _tensor(io.MAX_TOKENS, np.array([spec.max_tokens], dtype=np.int32)),
+            _tensor(io.TEMPERATURE, np.array([0.0], dtype=np.float32)),
+            _tensor(io.IGNORE_EOS, np.array([True])),
+        ]
+        if self._explicit.size:
+            inputs.append(_tensor(io.LOGPROBS, np.array([0], dtype=np.int32)))
+            inputs.append(_tensor(io.LOGPROB_TOKEN_IDS, self._explicit))
+        return inputs
+
+    async def generate(self, spec: RequestSpec, first_token: FirstToken) -> int:
+        request = {"model_name": self._model, "inputs": self._inputs(spec)}
+        finished = asyncio.Event()
+
+        async def requests() -> AsyncIterator[dict[str, Any]]:
+            yield request
+            # Keep our side of the stream open until the final response has arrived.
+            await finished.wait()
+
+        call = self.client.stream_infer(requests())
+        tokens, checked = 0, not self._explicit.size
+        try:
+            async for result, error in call:
+                if error is not None:
+                    raise RuntimeError(f"{self._model}: {error.message()}")
+                new = result.as_numpy(io.OUTPUT_IDS).size
+                if new and not tokens:
+                    first_token()
+                tokens += new
+                if new and not checked:
+                    shape = list(result.get_output(io.LOGPROB_TOKEN_LOGPROBS).shape)
+                    if shape != [new, self._explicit.size]:
+                        raise RuntimeError(f"{io.LOGPROB_TOKEN_LOGPROBS} has shape {shape}")
+                    checked = True
+                if result.get_response().parameters["triton_final_response"].bool_param:
+                    finished.set()
+                    return tokens
+            raise RuntimeError(f"the stream of {self._model} ended before the final response")
+        except grpc.RpcError as exc:
+            raise RuntimeError(f"{self._model}: {exc}") from exc
+        finally:
+            finished.set()
+            # Ends the RPC now: after the final response there is nothing left to cancel, after
+            # an error or a timeout Triton stops generating for this request.
+            call.cancel()
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+
+class OpenAICompletionsTarget:
+    """POST /v1/completions with `stream: true`, greedy, `max_tokens` per request.
+
+    `token_ids` sends the prompt as token ids (our adapter), else as text (`transformers serve`
+    accepts strings only). `extra` is merged into every body (`ignore_eos`, `stream_options`).
+    The token count is the final usage's `completion_tokens` when the server sends it, else the
+    number of chunks that carry a token.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        name: str,
+        *,
+        token_ids: bool,
+        extra: Mapping[str, Any] | None = None,
+        concurrency: int = 16,
+        timeout_s: float = 300.0,
+    ) -> None:
+        self.name = name
+        self._model = model
+        self._token_ids = token_ids
+        self._extra = dict(extra or {})
+        self._client = httpx.AsyncClient(
+            base_url=base_url,
+            timeout=httpx.Timeout(timeout_s),
+            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+            trust_env=False,
+        )
+
+    def _body(self, spec: RequestSpec) -> dict[str, Any]:
+        return {
+            "model": self._model,
+            "prompt": list(spec.prompt_ids) if self._token_ids else spec.prompt_text,
+            "max_tokens": spec.max_tokens,
+            "temperature": 0,
+            "stream": True,
+            **self._extra,
+        }
+
+    async def generate(self, spec: RequestSpec, first_token: FirstToken) -> int:
+        chunks, usage = 0, None
+        async with self._client.stream("POST", "/v1/completions", json=self._body(spec)) as reply:
+            if reply.status_code != 200:
+                raise RuntimeError(f"HTTP {reply.status_code}: {(await reply.aread())[:300]!r}")
+            async for line in reply.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line.removeprefix("data:").strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    raise RuntimeError(f"stream error: {chunk['error']}")
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices") or ():
+                    # A chunk that only carries the finish reason is not a token.
+                    if choice.get("text") or choice.get("finish_reason") is None:
+                        if not chunks:
+                            first_token()
+                        chunks += 1
+        return usage["completion_tokens"] if usage else chunks
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    """Timestamps (perf_counter seconds) and counts of one request."""
+
+    spec: RequestSpec
+    start: float
+    first_token: float | None
+    end: float
+    tokens: int
+    error: str | None = None
+
+
+async def _timed(target: Target, spec: RequestSpec, timeout_s: float) -> RequestResult:
+    first: list[float] = []
+
+    def first_token() -> None:
+        if not first:
+            first.append(time.perf_counter())
+
+    start = time.perf_counter()
+    try:
+        tokens = await asyncio.wait_for(target.generate(spec, first_token), timeout_s)
+    except Exception as exc:  # recorded and counted: one failed request must not end the run
+        return RequestResult(
+            spec, start, None, time.perf_counter(), 0, f"{type(exc).__name__}: {exc}"
+        )
+    return RequestResult(spec, start, first[0] if first else None, time.perf_counter(), tokens)
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    target: str
+    concurrency: int
+    wall_s: float
+    requests: list[RequestResult]
+
+
+async def run_load(
+    target: Target,
+    specs: Sequence[RequestSpec],
+    concurrency: int,
+    request_timeout_s: float = 300.0,
+    total_timeout_s: float = 900.0,
+) -> LoadResult:
+    """Sends `specs` in order with at most `concurrency` requests in flight (closed loop)."""
+    pending = iter(specs)
+    results: list[RequestResult] = []
+
+    async def worker() -> None:
+        for spec in pending:  # shared: each spec goes to the next free worker
+            results.append(await _timed(target, spec, request_timeout_s))
+
+    start = time.perf_counter()
+    await asyncio.wait_for(
+        asyncio.gather(*(worker() for _ in range(min(concurrency, len(specs))))), total_timeout_s
+    )
+    return LoadResult(target.name, concurrency, time.perf_counter() - start, results)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100), interpolated linearly between ranks as numpy's default."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The reported numbers of one load run; times in seconds."""
+
+    target: str
+    concurrency: int
+    requests: int
+    errors: int
+    output_tokens: int
+    expected_tokens: int
+    wall_s: float
+    ttft_p50: float
+    ttft_p99: float
+    tpot_p50: float
+    tpot_p99: float
+    first_error: str | None
+    # The share of all CPUs that other processes used meanwhile, where the runner measured it.
+    others_cpu: float = float("nan")
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.wall_s
+
+    @property
+    def requests_per_s(self) -> float:
+        return (self.requests - self.errors) / self.wall_s
+
+    @classmethod
+    def from_load(cls, load: LoadResult) -> Summary:
+        done = [r for r in load.requests if r.error is None]
+        failed = [r for r in load.requests if r.error is not None]
+        ttft = [r.first_token - r.start for r in done if r.first_token is not None]
+        tpot = [
+            (r.end - r.first_token) / (r.tokens - 1)
+            for r in done
+            if r.first_token is not None and r.tokens > 1
+        ]
+        return cls(
+            target=load.target,
+            concurrency=load.concurrency,
+            requests=len(load.requests),
+            errors=len(failed),
+            output_tokens=sum(r.tokens for r in done),
+            expected_tokens=sum(r.spec.max_tokens for r in load.requests),
+            wall_s=load.wall_s,
+            ttft_p50=percentile(ttft, 50),
+            ttft_p99=percentile(ttft, 99),
+            tpot_p50=percentile(tpot, 50),
+            tpot_p99=percentile(tpot, 99),
+            first_error=failed[0].error if failed else None,
+        )

@@ -9,7 +9,14 @@ from collections.abc import Sequence
 import uvicorn
 
 from adapter.app import create_app
+from adapter.context import RequestIdFilter
 from adapter.settings import AdapterSettings
+from adapter.shutdown import GracefulServer
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
+"""Every line names the request it is about ("-" for none): the X-Request-Id of the response."""
+SHUTDOWN_BACKSTOP_S = 5.0
+"""uvicorn's own bound on open connections after the drain (which already ended the requests)."""
 
 
 def parse_args(argv: Sequence[str] | None = None) -> dict[str, object]:
@@ -26,14 +33,28 @@ def parse_args(argv: Sequence[str] | None = None) -> dict[str, object]:
     return {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
 
 
+def configure_logging(level: str) -> None:
+    """One handler on the root logger, uvicorn's loggers included, each line with its request."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.addFilter(RequestIdFilter())
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     settings = AdapterSettings(**parse_args(argv))
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    configure_logging(settings.log_level)
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=None,  # uvicorn's loggers propagate to the handler above
+        access_log=False,  # the middleware logs each request, with its id
+        timeout_graceful_shutdown=SHUTDOWN_BACKSTOP_S,
     )
-    uvicorn.run(
-        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level
-    )
+    GracefulServer(config, app.state.lifecycle, settings.drain_timeout_s).run()
 
 
 if __name__ == "__main__":

@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -16,19 +18,26 @@ from adapter.chat.serving import OpenAIServingChat
 from adapter.completions.router import router as completions_router
 from adapter.completions.serving import OpenAIServingCompletion
 from adapter.errors import (
+    EXPECTED_ERRORS,
     EngineError,
     EngineUnavailableError,
     ErrorInfo,
     ErrorResponse,
     InvalidRequestError,
-    ModelNotFoundError,
+    error_headers,
     error_response,
 )
+from adapter.limits import ConcurrencyLimiter
+from adapter.metrics import AdapterMetrics
+from adapter.metrics import router as metrics_router
+from adapter.middleware import RequestGuard
 from adapter.models import OpenAIServingModels
 from adapter.router import router as common_router
 from adapter.scoring.router import router as scoring_router
 from adapter.scoring.serving import OpenAIServingGenerativeScoring
+from adapter.serving import ServingLimits
 from adapter.settings import AdapterSettings
+from adapter.shutdown import Lifecycle
 from adapter.tokenize.router import router as tokenize_router
 from adapter.tokenize.serving import OpenAIServingTokenization
 from adapter.triton_client import Engine, TritonEngine
@@ -52,7 +61,7 @@ def invalid_request_from(exc: RequestValidationError) -> InvalidRequestError:
 
 def _json_error(exc: Exception) -> JSONResponse:
     status, body = error_response(exc)
-    return JSONResponse(body.model_dump(), status_code=status)
+    return JSONResponse(body.model_dump(), status_code=status, headers=error_headers(exc))
 
 
 def register_error_handlers(app: FastAPI) -> None:
@@ -73,13 +82,13 @@ def register_error_handlers(app: FastAPI) -> None:
         return JSONResponse(body.model_dump(), status_code=exc.status_code)
 
     async def _expected(_: Request, exc: Exception) -> JSONResponse:
-        if isinstance(exc, EngineError):
+        if isinstance(exc, EngineError | EngineUnavailableError):
             logger.error("request failed: %s", exc)
         return _json_error(exc)
 
     # Handled here, these end the request normally; left to the `Exception` handler they would
     # be re-raised to uvicorn, which then drops the keep-alive connection.
-    for kind in (InvalidRequestError, ModelNotFoundError, EngineUnavailableError, EngineError):
+    for kind in EXPECTED_ERRORS:
         app.add_exception_handler(kind, _expected)
 
     @app.exception_handler(Exception)
@@ -88,9 +97,44 @@ def register_error_handlers(app: FastAPI) -> None:
         return _json_error(exc)
 
 
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": description}
+    for status, description in {
+        400: "Invalid request (validation included: never 422)",
+        401: "Missing or wrong API key",
+        404: "Unknown model",
+        413: "Request body too large",
+        429: "Concurrency limit and wait queue full (`Retry-After`)",
+        500: "Server error",
+        503: "Triton not ready, engine queue full, or the adapter shutting down",
+        504: "Request timeout",
+    }.items()
+}
+"""The OpenAI error objects every API route may answer, for the OpenAPI schema."""
+
+
+def openapi_schema(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema without its 422 validation responses: the adapter answers 400 with an
+    OpenAI error object instead (`register_error_handlers`)."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        for path_item in schema.get("paths", {}).values():
+            for operation in path_item.values():
+                operation.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
 def create_app(settings: AdapterSettings | None = None, engine: Engine | None = None) -> FastAPI:
     """The app; `engine` replaces the Triton connection (unit tests pass a fake)."""
     settings = settings or AdapterSettings()
+    metrics = AdapterMetrics()
+    limiter = ConcurrencyLimiter(settings.max_concurrent_requests, settings.max_queued_requests)
+    metrics.watch_waiting(lambda: limiter.waiting)
+    lifecycle = Lifecycle()
+    limits = ServingLimits.from_settings(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -100,23 +144,35 @@ def create_app(settings: AdapterSettings | None = None, engine: Engine | None = 
             llm_model=settings.llm_model,
             timeout_s=settings.triton_timeout_s,
         )
+        if settings.api_key is None:
+            logger.warning("no API key is set: /v1 is open to anyone who reaches the port")
         models = OpenAIServingModels(triton, settings.served_model_name)
         app.state.engine = triton
         app.state.models = models
-        app.state.completion_serving = OpenAIServingCompletion(triton, models)
-        app.state.chat_serving = OpenAIServingChat(triton, models)
-        app.state.tokenization_serving = OpenAIServingTokenization(triton, models)
-        app.state.scoring_serving = OpenAIServingGenerativeScoring(triton, models)
+        app.state.completion_serving = OpenAIServingCompletion(triton, models, limits, metrics)
+        app.state.chat_serving = OpenAIServingChat(triton, models, limits, metrics)
+        app.state.tokenization_serving = OpenAIServingTokenization(triton, models, limits, metrics)
+        app.state.scoring_serving = OpenAIServingGenerativeScoring(triton, models, limits, metrics)
         try:
             yield
         finally:
             await triton.close()
 
     app = FastAPI(title="triton-logprobs OpenAI adapter", lifespan=lifespan)
+    app.state.metrics = metrics
+    app.state.lifecycle = lifecycle
+    app.state.limiter = limiter
     register_error_handlers(app)
     app.include_router(common_router)
-    app.include_router(completions_router)
-    app.include_router(chat_router)
-    app.include_router(tokenize_router)
-    app.include_router(scoring_router)
+    for router in (completions_router, chat_router, tokenize_router, scoring_router):
+        app.include_router(router, responses=ERROR_RESPONSES)
+    app.include_router(metrics_router)
+    app.add_middleware(
+        RequestGuard,
+        settings=settings,
+        metrics=metrics,
+        limiter=limiter,
+        lifecycle=lifecycle,
+    )
+    app.openapi = lambda: openapi_schema(app)  # type: ignore[method-assign]
     return app

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
@@ -18,16 +19,61 @@ class InvalidRequestError(ValueError):
         self.value = value
 
 
+class AuthenticationError(Exception):
+    """No `Authorization: Bearer <key>` header, or the wrong key (HTTP 401)."""
+
+    headers: Mapping[str, str] = {"WWW-Authenticate": "Bearer"}
+
+
 class ModelNotFoundError(LookupError):
     """The request names a model this adapter does not serve (HTTP 404)."""
+
+    parameter = "model"
 
     def __init__(self, model: str) -> None:
         super().__init__(f"The model `{model}` does not exist.")
         self.model = model
 
 
-class EngineUnavailableError(RuntimeError):
-    """Triton cannot be reached or the model is not ready (HTTP 503)."""
+class RequestTooLargeError(Exception):
+    """The request body is larger than `max_request_body_bytes` (HTTP 413)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"The request body is larger than {limit} bytes.")
+
+
+class TooManyRequestsError(Exception):
+    """Every concurrency slot is busy and the wait queue is full (HTTP 429, `Retry-After`)."""
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.headers: Mapping[str, str] = {"Retry-After": str(retry_after_s)}
+
+
+class ServiceUnavailableError(RuntimeError):
+    """The server cannot take the request now (HTTP 503); another try may succeed."""
+
+
+class EngineUnavailableError(ServiceUnavailableError):
+    """Triton cannot be reached, the model is not ready or its queue is full (HTTP 503)."""
+
+
+class ShuttingDownError(ServiceUnavailableError):
+    """The adapter is draining after SIGTERM (HTTP 503); the client should go to another
+    replica, so the connection is closed after the response."""
+
+    headers: Mapping[str, str] = {"Connection": "close"}
+
+    def __init__(self) -> None:
+        super().__init__("The server is shutting down.")
+
+
+class RequestTimeoutError(Exception):
+    """The request ran longer than `request_timeout_s` (HTTP 504); its Triton requests are
+    cancelled."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"The request did not finish within {timeout_s:g} s.")
 
 
 class EngineError(RuntimeError):
@@ -58,20 +104,45 @@ class ErrorResponse(BaseModel):
     error: ErrorInfo
 
 
+# (exception, status, OpenAI `type`, `code`), the first match wins. OpenAI's 429 for a request
+# rate has type "requests" (https://platform.openai.com/docs/guides/error-codes).
+_KINDS: tuple[tuple[type[BaseException], HTTPStatus, str, str | None], ...] = (
+    (InvalidRequestError, HTTPStatus.BAD_REQUEST, "invalid_request_error", None),
+    (AuthenticationError, HTTPStatus.UNAUTHORIZED, "invalid_request_error", "invalid_api_key"),
+    (ModelNotFoundError, HTTPStatus.NOT_FOUND, "invalid_request_error", "model_not_found"),
+    (
+        RequestTooLargeError,
+        HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+        "invalid_request_error",
+        "request_too_large",
+    ),
+    (TooManyRequestsError, HTTPStatus.TOO_MANY_REQUESTS, "requests", "rate_limit_exceeded"),
+    (
+        ServiceUnavailableError,
+        HTTPStatus.SERVICE_UNAVAILABLE,
+        "server_error",
+        "service_unavailable",
+    ),
+    (RequestTimeoutError, HTTPStatus.GATEWAY_TIMEOUT, "server_error", "timeout"),
+)
+
+
+EXPECTED_ERRORS: tuple[type[BaseException], ...] = (*(kind[0] for kind in _KINDS), EngineError)
+"""The exceptions that are answered as errors of the request, not as bugs."""
+
+
 def error_response(exc: BaseException) -> tuple[HTTPStatus, ErrorResponse]:
     """The status and OpenAI error body for any exception that reaches a route or a stream."""
-    if isinstance(exc, InvalidRequestError):
-        status = HTTPStatus.BAD_REQUEST
-        info = ErrorInfo(message=exc.message, type="invalid_request_error", param=exc.parameter)
-    elif isinstance(exc, ModelNotFoundError):
-        status = HTTPStatus.NOT_FOUND
-        info = ErrorInfo(
-            message=str(exc), type="invalid_request_error", param="model", code="model_not_found"
-        )
-    elif isinstance(exc, EngineUnavailableError):
-        status = HTTPStatus.SERVICE_UNAVAILABLE
-        info = ErrorInfo(message=str(exc), type="server_error", code="service_unavailable")
-    else:
-        status = HTTPStatus.INTERNAL_SERVER_ERROR
-        info = ErrorInfo(message=str(exc) or type(exc).__name__, type="server_error")
+    status, kind, code = HTTPStatus.INTERNAL_SERVER_ERROR, "server_error", None
+    for cls, status_of, kind_of, code_of in _KINDS:
+        if isinstance(exc, cls):
+            status, kind, code = status_of, kind_of, code_of
+            break
+    parameter = exc.parameter if isinstance(exc, InvalidRequestError | ModelNotFoundError) else None
+    info = ErrorInfo(message=str(exc) or type(exc).__name__, type=kind, param=parameter, code=code)
     return status, ErrorResponse(error=info)
+
+
+def error_headers(exc: BaseException) -> dict[str, str]:
+    """Headers an error response carries (`Retry-After`, `WWW-Authenticate`, ...)."""
+    return dict(getattr(exc, "headers", None) or {})

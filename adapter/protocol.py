@@ -16,6 +16,10 @@ from adapter.tensors import GenerationParams, TritonOutput
 logger = logging.getLogger(__name__)
 
 INT32_MAX = 2**31 - 1
+NON_EMPTY_LIST: dict[str, Any] = {"minItems": 1}
+"""`json_schema_extra` of an optional list that must not be empty: the schema says so, while
+the validator keeps its own message (pydantic writes `minLength` for a union, which fuzzers and
+clients read as a string rule)."""
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 # vLLM request extensions (vllm/entrypoints/openai/protocol.py) that change the result and that
@@ -284,11 +288,12 @@ class GenerationRequest(OpenAIBaseModel):
     )
     ignore_eos: bool | None = Field(default=None, description="Keep generating after EOS.")
     allowed_token_ids: list[int] | None = Field(
-        default=None, description="Only these ids can be sampled."
+        default=None, description="Only these ids can be sampled.", json_schema_extra=NON_EMPTY_LIST
     )
     use_beam_search: bool | None = Field(default=False, description="Not supported.")
     logprob_token_ids: list[int] | None = Field(
         default=None,
+        json_schema_extra=NON_EMPTY_LIST,
         description="Token ids whose logprobs are returned at every generated position, in "
         "`top_logprobs` after the sampled token (which comes once, first); requires `logprobs`.",
     )

@@ -19,7 +19,9 @@ async def health() -> dict[str, str]:
 
 @router.get("/health/ready")
 async def ready(engine: EngineDep) -> dict[str, str]:
-    """Triton and both models are ready (503 otherwise); also caches the model's limits."""
+    """Triton and both models are ready (503 otherwise); also caches the model's limits.
+
+    While the adapter drains after SIGTERM the middleware answers 503 before this runs."""
     if not await engine.is_ready():
         raise EngineUnavailableError("Triton or its models are not ready.")
     await engine.model_info()

@@ -15,15 +15,24 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from contextlib import aclosing, contextmanager
+from contextlib import aclosing, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel
 
-from adapter.errors import EngineError, InvalidRequestError, TritonInputError, error_response
+from adapter.context import current_request
+from adapter.errors import (
+    EXPECTED_ERRORS,
+    EngineError,
+    InvalidRequestError,
+    TritonInputError,
+    error_response,
+)
+from adapter.metrics import AdapterMetrics
 from adapter.models import OpenAIServingModels
 from adapter.protocol import StreamOptions, UsageInfo
+from adapter.settings import AdapterSettings
 from adapter.tensors import GenerationParams, TritonOutput
 from adapter.triton_client import Engine, ModelInfo
 from backend.triton_io import (
@@ -119,8 +128,9 @@ _ENDED = object()
 async def merge_streams(
     streams: Sequence[AsyncGenerator[T, None]],
 ) -> AsyncGenerator[tuple[int, T], None]:
-    """(index, item) of every stream as items arrive. One stream failing raises here; closing
-    this (a client disconnect) or a failure closes every stream, cancelling its request."""
+    """(index, item) of every stream as items arrive. One stream failing raises here, and so
+    does an abort of the request (deadline, shutdown); closing this (a client disconnect) or a
+    failure closes every stream, cancelling its request."""
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
 
     async def pump(index: int, stream: AsyncGenerator[T, None]) -> None:
@@ -133,21 +143,38 @@ async def merge_streams(
         else:
             await queue.put((index, _ENDED))
 
+    def abort(error: Exception) -> None:
+        queue.put_nowait((-1, _Failed(error)))
+
+    context = current_request()
     tasks = [asyncio.ensure_future(pump(i, stream)) for i, stream in enumerate(streams)]
     try:
-        running = len(tasks)
-        while running:
-            index, item = await queue.get()
-            if item is _ENDED:
-                running -= 1
-            elif isinstance(item, _Failed):
-                raise item.error
-            else:
-                yield index, item
+        with context.on_abort(abort) if context is not None else nullcontext():
+            running = len(tasks)
+            while running:
+                index, item = await queue.get()
+                if item is _ENDED:
+                    running -= 1
+                elif isinstance(item, _Failed):
+                    raise item.error
+                else:
+                    yield index, item
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@dataclass(frozen=True)
+class ServingLimits:
+    """The server's caps on request fields; the defaults are AdapterSettings'."""
+
+    max_n: int = AdapterSettings.model_fields["max_n"].default
+    max_tokens_cap: int = AdapterSettings.model_fields["max_tokens_cap"].default
+
+    @classmethod
+    def from_settings(cls, settings: AdapterSettings) -> ServingLimits:
+        return cls(max_n=settings.max_n, max_tokens_cap=settings.max_tokens_cap)
 
 
 class OpenAIServing:
@@ -155,19 +182,38 @@ class OpenAIServing:
 
     tensor_params: ClassVar[Mapping[str, str]]
 
-    def __init__(self, engine: Engine, models: OpenAIServingModels) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        models: OpenAIServingModels,
+        limits: ServingLimits | None = None,
+        metrics: AdapterMetrics | None = None,
+    ) -> None:
         self.engine = engine
         self.models = models
+        self.limits = limits or ServingLimits()
+        self.metrics = metrics or AdapterMetrics()
 
     @staticmethod
-    def check_top_logprobs(info: ModelInfo, value: int | None, parameter: str) -> None:
-        """A natural top-k count against the model's `max_logprobs` (DESIGN §4)."""
-        if value is not None and value > info.max_logprobs:
+    def check_at_most(value: int | None, limit: int, parameter: str) -> None:
+        """A request field against a server limit: a 400 naming the field above it."""
+        if value is not None and value > limit:
             raise InvalidRequestError(
-                f"`{parameter}` must be at most {info.max_logprobs} (got {value}).",
+                f"`{parameter}` must be at most {limit} (got {value}).",
                 parameter=parameter,
                 value=value,
             )
+
+    def check_top_logprobs(self, info: ModelInfo, value: int | None, parameter: str) -> None:
+        """A natural top-k count against the model's `max_logprobs` (DESIGN §4)."""
+        self.check_at_most(value, info.max_logprobs, parameter)
+
+    def check_sampling_limits(
+        self, n: int | None, max_tokens: int | None, max_tokens_parameter: str
+    ) -> None:
+        """`n` and the token limit against the server's caps (`max_n`, `max_tokens_cap`)."""
+        self.check_at_most(n, self.limits.max_n, "n")
+        self.check_at_most(max_tokens, self.limits.max_tokens_cap, max_tokens_parameter)
 
     @staticmethod
     def check_id_count(info: ModelInfo, ids: Sequence[int] | None, parameter: str) -> None:
@@ -194,10 +240,13 @@ class OpenAIServing:
     async def outputs(
         self, params: GenerationParams, request_id: str, fields: Mapping[str, str] | None = None
     ) -> AsyncGenerator[TritonOutput, None]:
-        """The model's responses to one request (`fields`: see `field_errors`)."""
+        """The model's responses to one request (`fields`: see `field_errors`); every Triton
+        stream passes here, so its token metrics are taken here."""
+        tracker = self.metrics.track_generation()
         async with aclosing(self.engine.generate(params, request_id)) as stream:
             with self.field_errors(fields):
                 async for output in stream:
+                    tracker.observe(output)
                     yield output
 
     async def collect(
@@ -316,6 +365,9 @@ class OpenAIServing:
             done = [final for final in finals if final is not None]
             if options is not None and options.include_usage and len(done) == len(finals):
                 yield chunk([], UsageInfo.from_choices(done, n))
+        except EXPECTED_ERRORS as exc:  # Triton gone, a deadline, a shutdown: no traceback
+            logger.warning("stream %s ended: %s", request_id, exc)
+            yield sse_error(exc)
         except Exception as exc:
             logger.exception("stream %s failed", request_id)
             yield sse_error(exc)

@@ -28,7 +28,11 @@ TEMPLATE_ROLES = frozenset({"system", "developer", "user", "assistant"})
 class ChatMessage(OpenAIBaseModel):
     """One input message; content is a string or a list of text parts."""
 
-    role: str
+    role: str = Field(
+        description="Who wrote it.",
+        # In the schema (clients, fuzzers), while `_check_message` gives the error message.
+        json_schema_extra={"enum": sorted(TEMPLATE_ROLES)},
+    )
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: list[Any] | None = None
@@ -165,12 +169,13 @@ class ChatCompletionRequest(GenerationRequest):
         last = self.messages[-1]
         return last.to_template()["content"] if self.echo and last.role == "assistant" else ""
 
-    def to_generation_params(self, max_model_len: int | None) -> list[GenerationParams]:
+    def to_generation_params(self, default_max_tokens: int | None) -> list[GenerationParams]:
         """The model's inputs, one per choice: the user's value, else the server's default,
         else the model's.
 
-        Chat has no token limit of its own: without one the model generates until the context
-        (`max_model_len`, or the model's own when unknown: INT32_MAX then reaches it) is full.
+        Chat has no token limit of its own: without one the model generates up to
+        `default_max_tokens` (the server's cap or the context, whichever is smaller; None: the
+        model's own context, which INT32_MAX then reaches).
         """
         sampling = self.sampling_params()
         logprobs = None
@@ -181,7 +186,7 @@ class ChatCompletionRequest(GenerationRequest):
         params = replace(
             sampling,
             messages=tuple(message.to_template() for message in self.messages),
-            max_tokens=(max_model_len or INT32_MAX) if limit is None else limit,
+            max_tokens=(default_max_tokens or INT32_MAX) if limit is None else limit,
             logprobs=logprobs,
         )
         return self.samples(params)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import ClassVar
 
@@ -19,8 +18,9 @@ from adapter.chat.protocol import (
     ChatResponseMessage,
     DeltaMessage,
 )
+from adapter.context import current_request_id
 from adapter.logprobs import LogprobsCollector, TokenLogprob
-from adapter.protocol import UsageInfo
+from adapter.protocol import INT32_MAX, UsageInfo
 from adapter.serving import SAMPLING_TENSOR_PARAMS, OpenAIServing
 from adapter.tensors import GenerationParams, TritonOutput
 from backend.triton_io import INPUT_IDS, LOGPROBS, MESSAGES
@@ -78,10 +78,15 @@ class OpenAIServingChat(OpenAIServing):
         Each of the `n` choices is its own Triton request; all are in flight together.
         """
         model_name, info = await self.models.resolve(request.model)
+        limit_parameter = (
+            "max_tokens" if request.max_completion_tokens is None else "max_completion_tokens"
+        )
+        self.check_sampling_limits(request.n, request.token_limit(), limit_parameter)
         self.check_top_logprobs(info, request.top_logprobs, "top_logprobs")
         self.check_id_count(info, request.logprob_token_ids, "logprob_token_ids")
-        choices = request.to_generation_params(info.max_model_len)
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        default_limit = min(info.max_model_len or INT32_MAX, self.limits.max_tokens_cap)
+        choices = request.to_generation_params(default_limit)
+        request_id = f"chatcmpl-{current_request_id()}"
         as_token_ids = bool(request.return_tokens_as_token_ids)
         builders = [ChatLogprobsBuilder(params, as_token_ids=as_token_ids) for params in choices]
         if request.stream:

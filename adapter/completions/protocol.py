@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from adapter.errors import InvalidRequestError
 from adapter.protocol import (
+    NON_EMPTY_LIST,
     VLLM_UNSUPPORTED,
     GenerationRequest,
     UsageInfo,
@@ -69,6 +70,7 @@ class CompletionRequest(GenerationRequest):
     # Our extension (SGLang's `input_token_ids_logprobs`)
     prompt_logprob_token_ids: list[int] | None = Field(
         default=None,
+        json_schema_extra=NON_EMPTY_LIST,
         description="Token ids whose logprobs are returned at every prompt position; requires "
         "`echo` and `logprobs` (0 allowed). Each prompt position's `top_logprobs` then holds "
         "the prompt token first, then each distinct requested id other than it, in request "

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import codecs
 import logging
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -17,6 +16,7 @@ from adapter.completions.protocol import (
     CompletionResponseStreamChoice,
     CompletionStreamResponse,
 )
+from adapter.context import current_request_id
 from adapter.errors import EngineError
 from adapter.logprobs import LogprobsCollector, PositionLogprobs, TokenLogprob, token_text
 from adapter.protocol import UsageInfo
@@ -150,11 +150,12 @@ class OpenAIServingCompletion(OpenAIServing):
         Each choice (`n` per prompt) is its own Triton request; all are in flight together.
         """
         model_name, info = await self.models.resolve(request.model)
+        self.check_sampling_limits(request.n, request.max_tokens, "max_tokens")
         self.check_top_logprobs(info, request.logprobs, "logprobs")
         self.check_id_count(info, request.logprob_token_ids, "logprob_token_ids")
         self.check_id_count(info, request.prompt_logprob_token_ids, "prompt_logprob_token_ids")
         choices = request.to_generation_params()
-        request_id = f"cmpl-{uuid.uuid4().hex}"
+        request_id = f"cmpl-{current_request_id()}"
         id_bytes = await self._prompt_id_bytes(request, choices[0], request_id)
         builders = [CompletionChoiceBuilder(request, params, id_bytes) for params in choices]
         if request.stream:

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from adapter.errors import InvalidRequestError
-from adapter.protocol import OpenAIBaseModel, UsageInfo, check_token_ids
+from adapter.protocol import NON_EMPTY_LIST, OpenAIBaseModel, UsageInfo, check_token_ids
 
 
 class GenerativeScoringRequest(OpenAIBaseModel):
@@ -22,7 +22,9 @@ class GenerativeScoringRequest(OpenAIBaseModel):
     model: str | None = Field(default=None, description="Served model id; null: the only one.")
     query: str | list[int] = Field(description="The query text, or its token ids.")
     items: list[str] | list[list[int]] = Field(
-        min_length=1, description="Item texts, or token-id lists; each is scored on its own."
+        min_length=1,
+        description="Item texts, or token-id lists; each is scored on its own.",
+        json_schema_extra=NON_EMPTY_LIST,
     )
     label_token_ids: list[int] | None = Field(
         default=None, description="Token ids to score as the next token; or `labels`."
@@ -46,6 +48,7 @@ class GenerativeScoringRequest(OpenAIBaseModel):
     labels: list[str] | None = Field(
         default=None,
         min_length=1,
+        json_schema_extra=NON_EMPTY_LIST,
         description="Label texts instead of `label_token_ids`: each label's first token "
         "(tokenized without special tokens) is scored; the response lists the ids.",
     )

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
+from adapter.context import current_request_id
 from adapter.errors import EngineError, InvalidRequestError
 from adapter.protocol import UsageInfo, distinct
 from adapter.scoring.protocol import (
@@ -45,7 +45,7 @@ class OpenAIServingGenerativeScoring(OpenAIServing):
         model_name, info = await self.models.resolve(request.model)
         label_param = "label_token_ids" if request.labels is None else "labels"
         self.check_id_count(info, request.label_token_ids or request.labels, label_param)
-        request_id = f"generative-scoring-{request.request_id or uuid.uuid4().hex}"
+        request_id = f"generative-scoring-{request.request_id or current_request_id()}"
         label_ids = request.label_token_ids or await self._first_tokens(
             request.labels or [], request_id
         )

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from typing import ClassVar
 
+from adapter.context import current_request_id
 from adapter.serving import OpenAIServing
 from adapter.tokenize.protocol import (
     DetokenizeRequest,
@@ -32,7 +32,7 @@ class OpenAIServingTokenization(OpenAIServing):
 
     async def create_tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         _, info = await self.models.resolve(request.model)
-        request_id = f"tokenize-{uuid.uuid4().hex}"
+        request_id = f"tokenize-{current_request_id()}"
         ids = await self.tokenize(request.to_generation_params(), request_id)
         token_strs = None
         if request.return_token_strs:
@@ -44,6 +44,6 @@ class OpenAIServingTokenization(OpenAIServing):
 
     async def create_detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
         await self.models.resolve(request.model)  # 404 for an unknown model
-        request_id = f"detokenize-{uuid.uuid4().hex}"
+        request_id = f"detokenize-{current_request_id()}"
         pieces = await self.token_bytes(request.tokens, request_id, parameter="tokens")
         return DetokenizeResponse(prompt=decode(b"".join(pieces)))

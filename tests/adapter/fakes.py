@@ -110,7 +110,9 @@ class FakeEngine:
     when listed; `token_bytes` gives id i the byte i.
 
     An `asyncio.Event` in the script blocks the stream until set, which lets tests cancel a
-    request in flight; `closed` counts streams that were closed (normally or not).
+    request in flight; `closed` counts streams that were closed (normally or not), `finished`
+    those that played their whole script. `entered`, when set, is called as a stream starts,
+    so a test knows a request reached the engine.
     """
 
     script: Script = field(default_factory=list)
@@ -129,6 +131,7 @@ class FakeEngine:
     requests: list[tuple[GenerationParams, str]] = field(default_factory=list)
     closed: int = 0
     finished: int = 0
+    entered: Callable[[GenerationParams, str], None] | None = None
 
     async def is_ready(self) -> bool:
         return self.ready
@@ -153,6 +156,8 @@ class FakeEngine:
         self, params: GenerationParams, request_id: str
     ) -> AsyncGenerator[TritonOutput, None]:
         self.requests.append((params, request_id))
+        if self.entered is not None:
+            self.entered(params, request_id)
         script = self.script if self.respond is None else self.respond(params)
         try:
             for item in script:
@@ -168,3 +173,36 @@ class FakeEngine:
 
     async def close(self) -> None:
         pass
+
+
+def model_script(params: GenerationParams) -> Script:
+    """What a well-behaved model answers to any `params`: one final response shaped as the
+    contract says (k natural alternatives, M requested columns, prompt rows when prompt
+    logprobs are asked for), so that every valid request succeeds."""
+    tokens = [(97, b"a", -0.5)] if params.max_tokens != 0 else []
+    k = params.logprobs or 0
+    m = len(params.logprob_token_ids)
+    prompt: list[Token] = []
+    prompt_top = prompt_requested = None
+    if params.prompt_logprobs is not None or params.prompt_logprob_token_ids:
+        ids = params.prompt_ids or tuple((params.text or str(params.messages)).encode()) or (1,)
+        prompt = [(i, byte_token(i), -1.0) for i in ids]
+        rows = len(prompt) - 1
+        pk = params.prompt_logprobs or 0
+        pm = len(params.prompt_logprob_token_ids)
+        prompt_top = [[(98, b"b", -2.0)] * pk for _ in range(rows)] if pk else None
+        prompt_requested = [[-3.0] * pm for _ in range(rows)] if pm else None
+    return [
+        output(
+            tokens=tokens,
+            top=[[(98 + j, b"b", -1.0 - j) for j in range(k)] for _ in tokens] if k else None,
+            requested=[[-2.0] * m for _ in tokens] if m and tokens else None,
+            requested_bytes=[b"x"] * m,
+            prompt=prompt,
+            prompt_top=prompt_top,
+            prompt_requested=prompt_requested,
+            finish_reason="length",
+            prompt_tokens=max(len(prompt), 1),
+            completion_tokens=len(tokens),
+        )
+    ]

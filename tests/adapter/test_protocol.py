@@ -323,7 +323,7 @@ def test_chat_request_to_generation_params() -> None:
         logprobs=True,
         top_logprobs=3,
     )
-    [params] = request.to_generation_params(max_model_len=256)
+    [params] = request.to_generation_params(default_max_tokens=256)
     assert params.messages == (
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "a\nb"},
@@ -333,15 +333,15 @@ def test_chat_request_to_generation_params() -> None:
     assert params.logprobs == 3
 
     plain = ChatCompletionRequest(messages=MESSAGES)
-    assert plain.to_generation_params(max_model_len=256)[0].max_tokens == 256
-    assert plain.to_generation_params(max_model_len=None)[0].max_tokens == INT32_MAX
-    assert plain.to_generation_params(max_model_len=256)[0].logprobs is None
+    assert plain.to_generation_params(default_max_tokens=256)[0].max_tokens == 256
+    assert plain.to_generation_params(default_max_tokens=None)[0].max_tokens == INT32_MAX
+    assert plain.to_generation_params(default_max_tokens=256)[0].logprobs is None
 
     [explicit] = ChatCompletionRequest(
         messages=MESSAGES, logprobs=True, top_logprobs=5, logprob_token_ids=[3, 3, 1]
-    ).to_generation_params(max_model_len=256)
+    ).to_generation_params(default_max_tokens=256)
     assert (explicit.logprobs, explicit.logprob_token_ids) == (0, (3, 1))
     [logprobs_only] = ChatCompletionRequest(messages=MESSAGES, logprobs=True).to_generation_params(
-        max_model_len=256
+        default_max_tokens=256
     )
     assert logprobs_only.logprobs == 0

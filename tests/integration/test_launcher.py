@@ -29,6 +29,7 @@ from backend import triton_io as io
 from backend.default_model import DEFAULT_SPEC, REPO_ROOT, SPEC_FILE
 from backend.processes import free_port
 from backend.tritonserver import embedded_tritonserver
+from tests.integration.proc import descendants, processes_mentioning, still_running
 from tests.reference import reference_greedy, tokenizer
 from tests.streaming import generate
 
@@ -58,56 +59,6 @@ class Ports:
     def triton_flags(self) -> list[str]:
         return ["--http-port", str(self.http), "--grpc-port", str(self.grpc),
                 "--metrics-port", str(self.metrics)]  # fmt: skip
-
-
-# --- processes, read from /proc --------------------------------------------------------------
-
-
-def _process_table() -> dict[int, tuple[int, str, str]]:
-    """pid -> (parent pid, state letter, command line) of every process we may read."""
-    table = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after it.
-        state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
-        table[int(entry.name)] = (int(ppid), state, cmdline.strip())
-    return table
-
-
-def descendants(root: int) -> dict[int, str]:
-    """pid -> command line of every live process below `root` (its children, theirs, ...)."""
-    table = _process_table()
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    found, todo = {}, list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        found[pid] = table[pid][2]
-        todo.extend(children.get(pid, []))
-    return found
-
-
-def still_running(processes: dict[int, str]) -> dict[int, str]:
-    """Those of `processes` that still run: same pid and command line, and not a zombie (an exited
-    process its new parent has not reaped yet holds no resources)."""
-    table = _process_table()
-    return {
-        pid: cmd
-        for pid, cmd in processes.items()
-        if pid in table and table[pid][2] == cmd and table[pid][1] != "Z"
-    }
-
-
-def processes_mentioning(text: str) -> dict[int, str]:
-    return {pid: cmd for pid, (_, state, cmd) in _process_table().items()
-            if text in cmd and state != "Z"}  # fmt: skip
 
 
 # --- one launched process tree ---------------------------------------------------------------

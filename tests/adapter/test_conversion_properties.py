@@ -1,0 +1,284 @@
+"""Hypothesis properties of the conversions around Triton: what the adapter sends is what the
+engine parses (through the gRPC tensor encoding), what the engine sends is what the adapter
+reads, the logprob entries follow the explicit-id rule, and streamed chunks join to the full
+response."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tritonclient.utils import deserialize_bytes_tensor, triton_to_np_dtype
+
+from adapter.completions.protocol import CompletionRequest
+from adapter.completions.serving import CompletionChoiceBuilder
+from adapter.logprobs import LogprobsCollector
+from adapter.tensors import GenerationParams, TritonOutput, llm_inputs, to_infer_inputs
+from backend import triton_io as io
+from backend.engine import PromptLogprobs, StepOutput
+from backend.params import EngineLimits
+from backend.params import GenerationParams as EngineParams
+
+VOCAB = 1024
+LIMITS = EngineLimits(vocab_size=VOCAB, max_model_len=4096, max_logprobs=20)
+PROPERTIES = settings(max_examples=60, deadline=None)
+
+token_ids = st.integers(0, VOCAB - 1)
+distinct_ids = st.lists(token_ids, max_size=6, unique=True).map(tuple)
+optional = st.none().__or__
+# float32 values, as the tensors carry them.
+f32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
+logprob = st.floats(max_value=0, width=32, allow_nan=False) | st.just(-math.inf)
+
+
+@st.composite
+def generation_params(draw: st.DrawFn) -> tuple[GenerationParams, list[int]]:
+    max_tokens = draw(optional(st.integers(0, 64)))
+    bias_ids = draw(distinct_ids)
+    params = GenerationParams(
+        max_tokens=max_tokens,
+        temperature=draw(optional(st.floats(0, 2, width=32))),
+        top_p=draw(optional(st.floats(0, 1, width=32, exclude_min=True))),
+        top_k=draw(optional(st.integers(0, 100))),
+        seed=draw(optional(st.integers(-(2**63), 2**63 - 1))),
+        stop=tuple(draw(st.lists(st.text(min_size=1, max_size=5), max_size=3))),
+        stop_token_ids=draw(distinct_ids),
+        include_stop_str_in_output=draw(optional(st.booleans())),
+        ignore_eos=draw(optional(st.booleans())),
+        min_tokens=draw(optional(st.integers(0, 16 if max_tokens is None else max_tokens))),
+        presence_penalty=draw(optional(st.floats(-2, 2, width=32))),
+        frequency_penalty=draw(optional(st.floats(-2, 2, width=32))),
+        repetition_penalty=draw(optional(st.floats(0.125, 10, width=32))),
+        logit_bias=tuple((i, draw(st.floats(-100, 100, width=32))) for i in bias_ids),
+        allowed_token_ids=draw(distinct_ids),
+        logprobs=draw(optional(st.integers(0, 20))),
+        logprob_token_ids=draw(distinct_ids),
+        prompt_logprobs=draw(optional(st.integers(0, 20))),
+        prompt_logprob_token_ids=draw(distinct_ids),
+    )
+    prompt = draw(st.lists(token_ids, min_size=1, max_size=12))
+    return params, prompt
+
+
+def over_the_wire(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The arrays as Triton decodes them from the gRPC request the adapter builds."""
+    decoded = {}
+    for tensor in to_infer_inputs(arrays):
+        raw = tensor._get_content()
+        if tensor.datatype() == "BYTES":
+            array = deserialize_bytes_tensor(raw)
+        else:
+            array = np.frombuffer(raw, dtype=triton_to_np_dtype(tensor.datatype()))
+        decoded[tensor.name()] = array.reshape(tensor.shape())
+    return decoded
+
+
+def f32_value(value: float | None, default: float) -> float:
+    return default if value is None else float(np.float32(value))
+
+
+@PROPERTIES
+@given(generation_params())
+def test_the_engine_parses_what_the_adapter_sends(drawn) -> None:
+    params, prompt = drawn
+    parsed = io.parse_request(over_the_wire(llm_inputs(params, prompt)), LIMITS, "r")
+    defaults = EngineParams(prompt_ids=prompt)
+    assert parsed.prompt_ids == prompt
+    assert parsed.max_tokens == (
+        defaults.max_tokens if params.max_tokens is None else params.max_tokens
+    )
+    assert parsed.temperature == f32_value(params.temperature, defaults.temperature)
+    assert parsed.top_p == f32_value(params.top_p, defaults.top_p)
+    assert parsed.top_k == (params.top_k or 0)
+    assert parsed.seed == params.seed
+    assert parsed.stop == list(params.stop)
+    assert parsed.stop_token_ids == list(params.stop_token_ids)
+    assert parsed.include_stop_str_in_output == bool(params.include_stop_str_in_output)
+    assert parsed.ignore_eos == bool(params.ignore_eos)
+    assert parsed.min_tokens == (params.min_tokens or 0)
+    assert parsed.presence_penalty == f32_value(params.presence_penalty, 0.0)
+    assert parsed.frequency_penalty == f32_value(params.frequency_penalty, 0.0)
+    assert parsed.repetition_penalty == f32_value(params.repetition_penalty, 1.0)
+    assert parsed.logit_bias == {i: f32_value(b, 0.0) for i, b in params.logit_bias}
+    assert parsed.allowed_token_ids == list(params.allowed_token_ids)
+    assert parsed.logprobs == params.logprobs
+    assert parsed.logprob_token_ids == list(params.logprob_token_ids)
+    assert parsed.prompt_logprobs == params.prompt_logprobs
+    assert parsed.prompt_logprob_token_ids == list(params.prompt_logprob_token_ids)
+
+
+@st.composite
+def step_outputs(draw: st.DrawFn) -> tuple[StepOutput, EngineParams]:
+    """One engine response and the params it answers (k natural, M explicit columns); with
+    explicit ids the adapter always sends LOGPROBS too (0 when no natural top-k)."""
+    n = draw(st.integers(0, 3))
+    explicit = list(draw(distinct_ids))
+    m = len(explicit)
+    k = draw(st.integers(0, 3) if m else optional(st.integers(0, 3)))
+    ids = draw(st.lists(token_ids, min_size=n, max_size=n))
+    raw = st.binary(min_size=1, max_size=4)
+    prompt = None
+    prompt_k = draw(optional(st.integers(0, 2)))
+    if prompt_k is not None:
+        rows = draw(st.integers(0, 3))
+        prompt = PromptLogprobs(
+            ids=draw(st.lists(token_ids, min_size=rows + 1, max_size=rows + 1)),
+            token_bytes=draw(st.lists(raw, min_size=rows + 1, max_size=rows + 1)),
+            logprobs=np.array(draw(st.lists(logprob, min_size=rows, max_size=rows))),
+            top_ids=np.array(
+                draw(st.lists(token_ids, min_size=rows * prompt_k, max_size=rows * prompt_k))
+            ),
+            top_logprobs=np.array(
+                draw(st.lists(logprob, min_size=rows * prompt_k, max_size=rows * prompt_k))
+            ),
+            top_bytes=draw(st.lists(raw, min_size=rows * prompt_k, max_size=rows * prompt_k)),
+            token_id_logprobs=np.zeros((rows, 0)),
+            token_id_bytes=[],
+        )
+    kk = k or 0
+    out = StepOutput(
+        token_ids=ids,
+        text=draw(st.text(max_size=6)),
+        token_bytes=draw(st.lists(raw, min_size=n, max_size=n)),
+        logprobs=np.array(draw(st.lists(logprob, min_size=n, max_size=n))),
+        top_ids=np.array(draw(st.lists(token_ids, min_size=n * kk, max_size=n * kk))),
+        top_logprobs=np.array(draw(st.lists(logprob, min_size=n * kk, max_size=n * kk))),
+        top_bytes=draw(st.lists(raw, min_size=n * kk, max_size=n * kk)),
+        token_id_logprobs=np.array(draw(st.lists(logprob, min_size=n * m, max_size=n * m))),
+        token_id_bytes=draw(st.lists(raw, min_size=m, max_size=m)),
+        finish_reason=draw(st.sampled_from([None, "stop", "length"])),
+        prompt_tokens=draw(st.integers(1, 4096)),
+        completion_tokens=draw(st.integers(0, 4096)),
+        prompt=prompt,
+    )
+    params = EngineParams(
+        prompt_ids=[1],
+        logprobs=k,
+        logprob_token_ids=explicit,
+        prompt_logprobs=prompt_k,
+    )
+    return out, params
+
+
+def flat(rows: Iterable[list[Any]]) -> list[Any]:
+    return list(itertools.chain.from_iterable(rows))
+
+
+def sent(values: np.ndarray) -> list[float]:
+    """Logprobs as the engine sends them: float32, -inf as -9999."""
+    return np.maximum(np.asarray(values, np.float32), io.NEG_INF_LOGPROB).reshape(-1).tolist()
+
+
+@PROPERTIES
+@given(step_outputs())
+def test_the_adapter_reads_what_the_engine_sends(drawn) -> None:
+    out, params = drawn
+    got = TritonOutput.from_arrays(
+        io.output_arrays(out, params), final=out.finish_reason is not None
+    )
+    n, k, m = len(out.token_ids), params.logprobs or 0, len(params.logprob_token_ids)
+    assert got.output_ids == out.token_ids
+    assert got.text == out.text
+    assert got.token_bytes == out.token_bytes
+    assert got.logprobs == (sent(out.logprobs) if params.logprobs is not None else [])
+    assert flat(got.top_ids) == out.top_ids.reshape(-1).tolist()
+    assert [len(row) for row in got.top_logprobs] == [k] * n
+    assert flat(got.top_logprobs) == sent(out.top_logprobs)
+    assert flat(got.top_token_bytes) == out.top_bytes
+    assert [len(row) for row in got.requested_logprobs] == [m] * n
+    assert flat(got.requested_logprobs) == sent(out.token_id_logprobs)
+    assert got.requested_token_bytes == out.token_id_bytes
+    assert (got.finish_reason, got.prompt_tokens, got.completion_tokens) == (
+        out.finish_reason,
+        out.prompt_tokens,
+        out.completion_tokens,
+    )
+    if out.prompt is None:
+        assert got.prompt is None
+    else:
+        assert got.prompt is not None
+        assert (got.prompt.ids, got.prompt.token_bytes) == (out.prompt.ids, out.prompt.token_bytes)
+        assert got.prompt.logprobs == sent(out.prompt.logprobs)
+        assert flat(got.prompt.top_logprobs) == sent(out.prompt.top_logprobs)
+
+    if params.logprobs is None and not m:
+        return
+    collector = LogprobsCollector(params.logprob_token_ids)
+    for i, position in enumerate(collector.positions(got)):
+        assert position.sampled.token_id == out.token_ids[i]
+        entries = [(t.token_id, t.token_bytes, t.logprob) for t in position.alternatives]
+        if m:  # explicit ids: the sampled token first, then each other id in request order
+            column = dict(zip(params.logprob_token_ids, got.requested_logprobs[i], strict=True))
+            id_bytes = dict(zip(params.logprob_token_ids, out.token_id_bytes, strict=True))
+            expected = [(out.token_ids[i], out.token_bytes[i], got.logprobs[i])]
+            expected += [
+                (token, id_bytes[token], column[token])
+                for token in params.logprob_token_ids
+                if token != out.token_ids[i]
+            ]
+            assert entries == expected
+            assert all(-9999.0 <= value <= 0 for _, _, value in entries)
+        else:
+            assert entries == list(
+                zip(got.top_ids[i], got.top_token_bytes[i], got.top_logprobs[i], strict=True)
+            )
+
+
+@st.composite
+def completion_streams(draw: st.DrawFn) -> tuple[list[TritonOutput], int | None]:
+    """A stream of responses whose tokens split UTF-8 text at random byte boundaries."""
+    text = draw(st.text(min_size=1, max_size=12))
+    raw = text.encode()
+    cuts = sorted(draw(st.sets(st.integers(1, len(raw) - 1), max_size=6))) if len(raw) > 1 else []
+    pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
+    k = draw(optional(st.integers(0, 2)))
+    outputs = []
+    for i, piece in enumerate(pieces):
+        final = i == len(pieces) - 1
+        top = [[(j, b"t", -1.0 - j) for j in range(k or 0)]]
+        outputs.append(
+            TritonOutput(
+                output_ids=[i],
+                text=piece.decode("utf-8", errors="ignore"),
+                token_bytes=[piece],
+                logprobs=[-0.5] if k is not None else [],
+                top_ids=[[e[0] for e in row] for row in top],
+                top_logprobs=[[e[2] for e in row] for row in top],
+                top_token_bytes=[[e[1] for e in row] for row in top],
+                requested_logprobs=[[]],
+                requested_token_bytes=[],
+                finish_reason="length" if final else None,
+                prompt_tokens=1,
+                completion_tokens=i + 1,
+                final=final,
+            )
+        )
+    return outputs, k
+
+
+@PROPERTIES
+@given(completion_streams())
+def test_joined_stream_chunks_equal_the_full_response(drawn) -> None:
+    outputs, k = drawn
+    request = CompletionRequest(prompt="p", logprobs=k, stream=True)
+    [params] = request.to_generation_params()
+    full_text, full = CompletionChoiceBuilder(request, params).build(outputs)
+    streamed = CompletionChoiceBuilder(request, replace(params))
+    chunks = [streamed.build([output]) for output in outputs]
+    assert "".join(text for text, _ in chunks) == full_text
+    if k is None:
+        assert full is None and all(lp is None for _, lp in chunks)
+        return
+    assert full is not None
+    joined = {
+        name: flat(getattr(lp, name) for _, lp in chunks if lp is not None)
+        for name in ("tokens", "token_logprobs", "text_offset", "top_logprobs")
+    }
+    assert joined == full.model_dump()
+    assert full.text_offset == sorted(full.text_offset) and full.text_offset[0] == 0

@@ -1,0 +1,203 @@
+"""The adapter's access and limits through uvicorn and the session's Triton: the API key (also
+through the launcher), each limit hit once and answered as documented, the request id in the
+response and the log, the per-request timeout cancelling Triton, and SIGTERM draining."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from backend.adapter_server import AdapterServer
+from backend.launcher import build_adapter, parse_args
+from tests.integration.openai_support import MODEL, metric, sse_events, wait_for
+
+KEY = "sk-integration"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+# n=2 x 240 tokens takes about 1 s on the 2-core test machine, its first token ~50 ms.
+LONG = {"model": MODEL, "prompt": "Hi", "max_tokens": 240, "ignore_eos": True, "n": 2}
+LIMITS = {
+    "max_request_body_bytes": 8192,
+    "max_tokens_cap": 240,
+    "max_n": 2,
+    "max_concurrent_requests": 1,
+    "max_queued_requests": 1,
+}
+
+
+@contextlib.contextmanager
+def adapter(triton_server, tmp_path: Path, name: str, **options: object) -> Iterator[AdapterServer]:
+    api_key = options.pop("api_key", None)
+    server = AdapterServer(
+        triton_server.grpc_url,
+        port=0,
+        served_model_name=MODEL,
+        log_path=tmp_path / f"{name}.log",
+        api_key=api_key,  # type: ignore[arg-type]
+        options=options,
+    )
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def limited(triton_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AdapterServer]:
+    with adapter(triton_server, tmp_path_factory.mktemp("limited"), "limited", api_key=KEY,
+                 **LIMITS) as server:  # fmt: skip
+        yield server
+
+
+@pytest.fixture
+def http(limited: AdapterServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=limited.url, timeout=60, headers=AUTH) as client:
+        yield client
+
+
+def error_of(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    return response.json()["error"]
+
+
+def completion(**fields: object) -> dict[str, object]:
+    return {"model": MODEL, "prompt": "Hi", "max_tokens": 2, **fields}
+
+
+def test_the_api_key(limited: AdapterServer) -> None:
+    with httpx.Client(base_url=limited.url, timeout=30) as anonymous:
+        for headers in ({}, {"Authorization": "Bearer sk-wrong"}):
+            for method, path in (("GET", "/v1/models"), ("POST", "/v1/completions")):
+                refused = anonymous.request(method, path, json=completion(), headers=headers)
+                assert error_of(refused, 401)["code"] == "invalid_api_key"
+        assert anonymous.get("/health").status_code == 200
+        assert anonymous.get("/health/ready").status_code == 200
+    with openai.OpenAI(base_url=limited.base_url, api_key=KEY, max_retries=0) as client:
+        assert client.completions.create(**completion()).usage.completion_tokens == 2
+    with (
+        openai.OpenAI(base_url=limited.base_url, api_key="sk-wrong", max_retries=0) as client,
+        pytest.raises(openai.AuthenticationError),
+    ):
+        client.models.list()
+
+
+def test_the_launcher_passes_the_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make serve ARGS="--api-key X"`: the adapter gets it in its environment, not its argv;
+    without the flag ADAPTER_API_KEY is inherited."""
+    triton = type("Triton", (), {"grpc_url": "127.0.0.1:1"})()
+    server = build_adapter(parse_args(["--api-key", "sk-flag"]), triton)  # type: ignore[arg-type]
+    assert server is not None
+    assert server.env()["ADAPTER_API_KEY"] == "sk-flag"
+    assert "sk-flag" not in " ".join(server.command())
+    monkeypatch.setenv("ADAPTER_API_KEY", "sk-env")
+    inherited = build_adapter(parse_args([]), triton)  # type: ignore[arg-type]
+    assert inherited is not None and inherited.env()["ADAPTER_API_KEY"] == "sk-env"
+
+
+def test_body_size_caps_ids_and_context(http: httpx.Client) -> None:
+    assert (
+        error_of(http.post("/v1/completions", json=completion(prompt="x" * 9000)), 413)["code"]
+        == "request_too_large"
+    )
+    for field, value in (("max_tokens", 241), ("n", 3)):
+        error = error_of(http.post("/v1/completions", json=completion(**{field: value})), 400)
+        assert error["param"] == field and "must be at most" in error["message"]
+    ids = completion(logprobs=0, logprob_token_ids=list(range(1025)))
+    error = error_of(http.post("/v1/completions", json=ids), 400)  # the llm config's 1024
+    assert error["param"] == "logprob_token_ids" and "at most 1024" in error["message"]
+    error = error_of(http.post("/v1/completions", json=completion(prompt=[5] * 300)), 400)
+    assert error["param"] == "prompt" and "the context holds 256" in error["message"]
+
+
+def test_past_the_slot_and_the_queue_429(http: httpx.Client, limited: AdapterServer) -> None:
+    with (
+        ThreadPoolExecutor(1) as pool,
+        http.stream("POST", "/v1/completions", json={**LONG, "stream": True}) as holding,
+    ):
+        assert holding.status_code == 200  # holds the only slot while it streams
+        queued = pool.submit(http.post, "/v1/completions", json=completion())
+        assert wait_for(lambda: metric_of(limited, "adapter_requests_waiting") == 1)
+        refused = http.post("/v1/completions", json=completion())
+        assert error_of(refused, 429)["code"] == "rate_limit_exceeded"
+        assert refused.headers["retry-after"] == "1"
+        *_, last, done = sse_events(list(holding.iter_lines()))
+        assert last["choices"][0]["finish_reason"] == "length" and done == "[DONE]"
+        assert queued.result(timeout=30).status_code == 200
+
+
+def metric_of(server: AdapterServer, name: str) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=5).text
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name)))
+
+
+def test_the_request_id_reaches_the_response_and_the_log(
+    http: httpx.Client, limited: AdapterServer
+) -> None:
+    body = completion(prompt="a-private-prompt")
+    reply = http.post("/v1/completions", json=body, headers={"X-Request-Id": "it-42"})
+    assert reply.headers["x-request-id"] == "it-42" and reply.json()["id"] == "cmpl-it-42"
+    assert wait_for(lambda: '[it-42]: 127.0.0.1 "POST /v1/completions" 200' in log(limited))
+    assert "a-private-prompt" not in log(limited)
+
+
+def log(server: AdapterServer) -> str:
+    assert server.log_path is not None
+    return server.log_path.read_text(errors="replace")
+
+
+def test_the_timeout_cancels_the_triton_requests(triton_server, tmp_path: Path) -> None:
+    metrics = triton_server.metrics_url
+    cancelled = metric(metrics, "llm_cancelled_requests_total")
+    with (
+        adapter(triton_server, tmp_path, "timeout", request_timeout_s=0.5) as server,
+        httpx.Client(base_url=server.url, timeout=30) as client,
+    ):
+        started = time.monotonic()
+        streamed = client.post("/v1/completions", json={**LONG, "stream": True})
+        *_, error, done = sse_events(streamed.text.splitlines())
+        assert error["error"]["code"] == "timeout" and done == "[DONE]"
+        assert error_of(client.post("/v1/completions", json=LONG), 504)["code"] == "timeout"
+        assert time.monotonic() - started < 5
+        # Both choices of both requests were cancelled in Triton, not generated to the end.
+        assert wait_for(lambda: metric(metrics, "llm_cancelled_requests_total") == cancelled + 4)
+        assert wait_for(lambda: metric(metrics, "llm_active_sequences") == 0)
+
+
+@pytest.mark.parametrize("drain_timeout_s", [30.0, 0.3])
+def test_sigterm_drains(triton_server, tmp_path: Path, drain_timeout_s: float) -> None:
+    """SIGTERM: new requests and readiness get 503 while the stream in flight finishes (30 s
+    bound) or, past a 0.3 s bound, ends with an error event; then the adapter exits 0."""
+    metrics = triton_server.metrics_url
+    with adapter(triton_server, tmp_path, "drain", drain_timeout_s=drain_timeout_s) as server:
+        process = server._process
+        assert process is not None
+        with (
+            httpx.Client(base_url=server.url, timeout=30) as client,
+            client.stream("POST", "/v1/completions", json={**LONG, "stream": True}) as stream,
+        ):
+            lines = stream.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            process.send_signal(signal.SIGTERM)
+            if drain_timeout_s > 1:  # the port answers while draining
+                with httpx.Client(base_url=server.url, timeout=5) as fresh:
+                    assert wait_for(lambda: fresh.get("/health/ready").status_code == 503)
+                    refused = fresh.post("/v1/completions", json=completion())
+                    assert error_of(refused, 503)["message"] == "The server is shutting down."
+                    assert fresh.get("/health").status_code == 200
+            *_, last, done = sse_events(list(lines))
+        assert done == "[DONE]"
+        if drain_timeout_s > 1:
+            assert last["choices"][0]["finish_reason"] == "length"
+        else:
+            assert last["error"]["message"] == "The server is shutting down."
+        try:
+            assert process.wait(timeout=15) == 0
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the adapter did not exit after the drain\n{server.log_tail()}")
+    assert wait_for(lambda: metric(metrics, "llm_active_sequences") == 0)

@@ -1,0 +1,105 @@
+"""Triton killed mid-stream (kill -9 of its process group) under a running adapter: open streams
+end with an error event and [DONE], /health/ready is 503 while Triton is down, and once a new
+tritonserver is up on the same ports requests succeed again, the adapter never restarted.
+
+Its own tritonserver on fixed free ports, not the session's: this one dies."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from backend.adapter_server import AdapterServer
+from backend.processes import free_port
+from backend.repository import write_repository
+from backend.tritonserver import TritonServer
+from tests.integration.openai_support import MODEL, sse_events, wait_for
+
+STREAMS = 3
+# A context of 512 (the test model's maximum) makes each stream ~1 s alone, far longer than
+# opening the streams and killing Triton takes.
+PARAMETERS = {"max_model_len": "512", "max_num_seqs": "4"}
+LONG = {"model": MODEL, "prompt": "Hi", "max_tokens": 500, "ignore_eos": True, "stream": True}
+RECONNECT_BOUND_S = 10.0  # measured ~1 s with the adapter's reconnect backoff (10 s without)
+
+
+def start_triton(repository: Path, ports: tuple[int, int, int], log: Path) -> TritonServer:
+    server = TritonServer(repository, *ports, log_path=log)
+    server.start()
+    try:
+        server.wait_ready(240)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@pytest.fixture
+def own_triton(model_dir: Path, tmp_path: Path) -> Iterator[tuple[Path, tuple[int, int, int]]]:
+    """(repository, fixed ports) for tritonservers started by the test itself."""
+    ports: set[int] = set()
+    while len(ports) < 3:
+        ports.add(free_port())
+    yield write_repository(tmp_path / "model_repository", model_dir, PARAMETERS), tuple(ports)
+
+
+@pytest.mark.timeout(600)
+def test_triton_killed_mid_stream_then_back(own_triton, tmp_path: Path) -> None:
+    repository, ports = own_triton
+    with contextlib.ExitStack() as stack:
+        first = start_triton(repository, ports, tmp_path / "triton-1.log")
+        stack.callback(first.stop)
+        adapter = AdapterServer(
+            first.grpc_url, port=0, served_model_name=MODEL, log_path=tmp_path / "adapter.log"
+        )
+        stack.enter_context(adapter)
+        adapter_pid = adapter.pid
+        client = stack.enter_context(httpx.Client(base_url=adapter.url, timeout=60))
+
+        streams = [stack.enter_context(client.stream("POST", "/v1/completions", json=LONG))
+                   for _ in range(STREAMS)]  # fmt: skip
+        lines = [stream.iter_lines() for stream in streams]
+        for stream, stream_lines in zip(streams, lines, strict=True):
+            assert stream.status_code == 200
+            assert next(line for line in stream_lines if line.startswith("data: "))
+        killed_at = time.monotonic()
+        os.killpg(first.pid, signal.SIGKILL)  # tritonserver and its backend stubs at once
+
+        for stream_lines in lines:  # each ends at once with an error event, then [DONE]
+            *_, error, done = sse_events(list(stream_lines))
+            assert done == "[DONE]"
+            assert error["error"]["type"] == "server_error", error
+        ended_in = time.monotonic() - killed_at
+        assert ended_in < 10, ended_in
+
+        assert client.get("/health/ready").status_code == 503
+        refused = client.post("/v1/completions", json={**LONG, "stream": False, "max_tokens": 2})
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "service_unavailable"
+        first.stop()
+
+        second = start_triton(repository, ports, tmp_path / "triton-2.log")
+        stack.callback(second.stop)
+        back_at = time.monotonic()
+        assert wait_for(
+            lambda: client.get("/health/ready").status_code == 200, timeout_s=RECONNECT_BOUND_S
+        ), adapter.log_tail()
+        reconnected_in = time.monotonic() - back_at
+        reply = client.post("/v1/completions", json={**LONG, "stream": False, "max_tokens": 4})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] == 4
+        with client.stream("POST", "/v1/completions", json={**LONG, "max_tokens": 4}) as stream:
+            events = sse_events(list(stream.iter_lines()))
+        assert events[-2]["choices"][0]["finish_reason"] == "length"
+        assert adapter.pid == adapter_pid and adapter.running  # the same adapter process
+        print(
+            f"\ntriton kill -9: {STREAMS} open streams ended in {ended_in:.2f} s with an error "
+            f"event and [DONE]; adapter ready {reconnected_in:.2f} s after Triton was back"
+        )

@@ -271,33 +271,30 @@ class TritonEngine:
             logger.info("Triton model `%s`: %s", self._llm_model, self._info)
         return self._info
 
-    async def tokenize(self, params: GenerationParams, request_id: str) -> list[int]:
-        """INPUT_IDS of a text or chat prompt, from the `preprocessing` model."""
-        inputs = to_infer_inputs(preprocessing_inputs(params))
+    async def _preprocess(
+        self, arrays: Mapping[str, np.ndarray], output: str, request_id: str
+    ) -> np.ndarray:
+        """One unary call to `preprocessing`; its `output` tensor."""
         try:
             result = await self.client.infer(
-                self._preprocessing_model, inputs, request_id=request_id
+                self._preprocessing_model, to_infer_inputs(arrays), request_id=request_id
             )
         except InferenceServerException as exc:
             raise error_from_rpc(exc) from exc
-        ids = result.as_numpy(INPUT_IDS)
-        if ids is None:
-            raise EngineError(f"`{self._preprocessing_model}` returned no {INPUT_IDS}")
+        values = result.as_numpy(output)
+        if values is None:
+            raise EngineError(f"`{self._preprocessing_model}` returned no {output}")
+        return values
+
+    async def tokenize(self, params: GenerationParams, request_id: str) -> list[int]:
+        """INPUT_IDS of a text or chat prompt, from the `preprocessing` model."""
+        ids = await self._preprocess(preprocessing_inputs(params), INPUT_IDS, request_id)
         return ids.tolist()
 
     async def token_bytes(self, ids: Sequence[int], request_id: str) -> list[bytes]:
         """TOKEN_BYTES of `preprocessing` given INPUT_IDS alone."""
-        inputs = to_infer_inputs({INPUT_IDS: np.asarray(ids, dtype=np.int32)})
-        try:
-            result = await self.client.infer(
-                self._preprocessing_model, inputs, request_id=request_id
-            )
-        except InferenceServerException as exc:
-            raise error_from_rpc(exc) from exc
-        pieces = result.as_numpy(TOKEN_BYTES)
-        if pieces is None or len(pieces) != len(ids):
-            raise EngineError(f"`{self._preprocessing_model}` returned no {TOKEN_BYTES}")
-        return pieces.tolist()
+        arrays = {INPUT_IDS: np.asarray(ids, dtype=np.int32)}
+        return (await self._preprocess(arrays, TOKEN_BYTES, request_id)).tolist()
 
     async def generate(
         self, params: GenerationParams, request_id: str

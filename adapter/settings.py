@@ -17,7 +17,10 @@ class AdapterSettings(BaseSettings):
     host: str = Field(default="0.0.0.0", description="Interface the HTTP server binds.")
     port: int = Field(default=9000, ge=0, le=65535, description="HTTP port.")
     triton_url: str = Field(
-        default="localhost:8001", description="Triton gRPC endpoint, `host:port`."
+        default="localhost:8001",
+        description="Triton gRPC endpoints, `host:port` or a comma-separated list "
+        "`host1:8001,host2:8001`; a name resolving to several addresses (re-resolved every 30 s) "
+        "is one replica per address. Requests go round-robin over the replicas that are ready.",
     )
     served_model_name: str | None = Field(
         default=None,

@@ -87,6 +87,9 @@ class FakeClient:
         }
         return SimpleNamespace(config=SimpleNamespace(parameters=parameters))
 
+    async def close(self) -> None:
+        """Nothing to release."""
+
 
 def token(i: int, final: bool = False) -> tuple[FakeResult, None]:
     arrays = response_arrays(

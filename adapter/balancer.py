@@ -165,8 +165,9 @@ class Balancer(Generic[Client]):
                 await self.refresh()
                 resolved_at = loop.time()
             down = [a for a in self._addresses if not self.is_up(a)]
-            for address_, ready in zip(
-                down, await asyncio.gather(*(probe(a) for a in down)), strict=True
-            ):
-                if ready:
+            probes = await asyncio.gather(*(probe(a) for a in down), return_exceptions=True)
+            for address_, ready in zip(down, probes, strict=True):
+                if isinstance(ready, Exception):  # the watcher outlives a probe's failure
+                    logger.warning("probing Triton replica %s failed: %r", address_, ready)
+                elif ready:
                     self.mark_up(address_)

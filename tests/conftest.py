@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from backend import default_model
 from backend.repository import write_repository
 from backend.tritonserver import TritonServer
 
+# The session's `llm` is the product's model with a gate the tests can close (see that file).
+GATED_LLM = Path(__file__).parent / "integration" / "gated_llm.py"
 # Small enough for CPU tests; a context short enough to test the limit without huge prompts.
 TEST_PARAMETERS = {"max_model_len": "256", "max_num_seqs": "8", "max_logprob_token_ids": "1024"}
 
@@ -26,6 +29,7 @@ def triton_server(
 ) -> Iterator[TritonServer]:
     run = tmp_path_factory.mktemp("triton")
     repository = write_repository(run / "model_repository", model_dir, TEST_PARAMETERS)
+    shutil.copy(GATED_LLM, repository / "llm" / "1" / "model.py")
     server = TritonServer(
         repository, http_port=0, grpc_port=0, metrics_port=0, log_path=run / "tritonserver.log"
     )

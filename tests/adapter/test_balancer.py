@@ -116,6 +116,29 @@ async def test_watch_probes_the_replicas_down_and_re_resolves() -> None:
     assert lb.addresses[-1] == "10.0.0.3:1"
 
 
+async def test_the_watcher_outlives_a_probe_that_raises() -> None:
+    lb = balancer("10.0.0.1:1", FakeResolver({}))
+    await lb.refresh()
+    lb.mark_down("10.0.0.1:1", "refused")
+    probes = 0
+
+    async def probe(address: str) -> bool:
+        nonlocal probes
+        probes += 1
+        if probes == 1:
+            raise RuntimeError("a probe's own bug")
+        return True
+
+    watcher = asyncio.create_task(lb.watch(probe, probe_interval_s=0.01))
+    try:
+        async with asyncio.timeout(30):
+            while not lb.is_up("10.0.0.1:1"):
+                await asyncio.sleep(0.01)
+    finally:
+        watcher.cancel()
+    assert probes == 2  # it went on probing after the first one raised
+
+
 def unavailable() -> InferenceServerException:
     return InferenceServerException("failed to connect", status="StatusCode.UNAVAILABLE")
 
@@ -130,14 +153,6 @@ class DownClient(FakeClient):
         raise unavailable()
 
 
-class UpClient(FakeClient):
-    async def is_server_ready(self, client_timeout: float) -> bool:
-        return True
-
-    async def is_model_ready(self, model: str, client_timeout: float) -> bool:
-        return True
-
-
 def two_replicas(down: FakeClient, up: FakeClient) -> TritonEngine:
     clients: dict[str, Any] = {"10.0.0.1:1": down, "10.0.0.2:1": up}
     lb = Balancer(split_targets("10.0.0.1:1,10.0.0.2:1"), clients.__getitem__)
@@ -145,7 +160,7 @@ def two_replicas(down: FakeClient, up: FakeClient) -> TritonEngine:
 
 
 async def test_a_request_fails_over_once_and_the_replica_is_marked_down() -> None:
-    up = UpClient(FakeCall([token(1, final=True)]))
+    up = FakeClient(FakeCall([token(1, final=True)]))
     engine = two_replicas(DownClient(), up)
     try:
         [out] = [o async for o in engine.generate(GenerationParams(text="hi"), "r")]
@@ -167,8 +182,8 @@ async def test_no_retry_without_another_replica_or_for_other_errors() -> None:
     await engine.close()
 
     error = SimpleNamespace(message=lambda: "server busy: 8 requests are waiting")
-    busy = UpClient(FakeCall([(None, error)]))
-    other = UpClient(FakeCall([token(1, final=True)]))
+    busy = FakeClient(FakeCall([(None, error)]))
+    other = FakeClient(FakeCall([token(1, final=True)]))
     engine = two_replicas(busy, other)
     with pytest.raises(EngineUnavailableError, match="server busy"):
         _ = [o async for o in engine.generate(GenerationParams(prompt_ids=(1,)), "r")]

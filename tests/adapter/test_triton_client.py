@@ -87,6 +87,12 @@ class FakeClient:
         }
         return SimpleNamespace(config=SimpleNamespace(parameters=parameters))
 
+    async def is_server_ready(self, client_timeout: float) -> bool:
+        return True
+
+    async def is_model_ready(self, model: str, client_timeout: float) -> bool:
+        return True
+
     async def close(self) -> None:
         """Nothing to release."""
 
@@ -98,9 +104,22 @@ def token(i: int, final: bool = False) -> tuple[FakeResult, None]:
     return FakeResult(arrays, final), None
 
 
+_ENGINES: list[TritonEngine] = []
+
+
+@pytest.fixture(autouse=True)
+async def _close_engines() -> AsyncIterator[None]:
+    """Each test's engines are closed after it, their replica watchers with them."""
+    yield
+    while _ENGINES:
+        await _ENGINES.pop().close()
+
+
 def engine_with(call: FakeCall, **kwargs: Any) -> tuple[TritonEngine, FakeClient]:
     client = FakeClient(call, **kwargs)
-    return TritonEngine("unused:1", client=client), client  # type: ignore[arg-type]
+    engine = TritonEngine("unused:1", client=client)  # type: ignore[arg-type]
+    _ENGINES.append(engine)
+    return engine, client
 
 
 async def test_stream_ends_at_the_final_response() -> None:

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from backend import triton_io as io
+from backend.tritonserver import TritonServer
+from tests.integration.gated_llm import GATE_FILE
 from tests.reference import reference_logprobs, tokenizer
 from tests.streaming import StreamResult, generate
 
 ATOL = 1e-4
+# How long `wait_for` polls: far beyond what any awaited condition takes on a loaded machine.
+CONDITION_BOUND_S = 60.0
 MODEL = "test-model"  # the adapter fixture's --served-model-name
 
 
@@ -105,7 +110,18 @@ def metric(metrics_url: str, name: str) -> float:
     return float(match.group(1))
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+def assert_generated_since(
+    metrics_url: str, generated: float, finished: float, *, tokens: int
+) -> None:
+    """After one more request of `tokens` tokens finished, the engine has generated exactly
+    those since the counters read `generated` and `finished`: nothing else (a cancelled
+    request, say) went on generating. The engine updates the tokens before the finishes."""
+    assert wait_for(lambda: metric(metrics_url, "llm_finished_requests_total") == finished + 1)
+    assert metric(metrics_url, "llm_generated_tokens_total") == generated + tokens
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = CONDITION_BOUND_S) -> bool:
+    """Polls `condition` until it holds; the bound only ends a wait for one that never will."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if condition():
@@ -119,3 +135,15 @@ def sse_events(lines: Sequence[str]) -> list[Any]:
     data = [line[len("data: ") :] for line in lines if line.startswith("data: ")]
     assert data and data[-1] == "[DONE]", data[-3:]
     return [json.loads(d) for d in data[:-1]] + ["[DONE]"]
+
+
+@contextlib.contextmanager
+def held(triton_server: TritonServer) -> Iterator[None]:
+    """Inside the block the session Triton's engine gives each request its first token, then
+    holds it (`tests/integration/gated_llm.py`); the requests go on after the block."""
+    gate = Path(triton_server.model_repository) / "llm" / GATE_FILE
+    gate.touch()
+    try:
+        yield
+    finally:
+        gate.unlink()

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import re
 import threading
-import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 
 from backend import triton_io as io
 from backend.default_model import PASSAGE
+from tests.integration.openai_support import assert_generated_since, held, metric, wait_for
 from tests.reference import reference_greedy, reference_logprobs, tokenizer
 from tests.streaming import Streamer, generate
 
@@ -35,23 +35,6 @@ def text(value: str) -> np.ndarray:
 @pytest.fixture(scope="module")
 def passage_ids(model_dir) -> list[int]:
     return tokenizer(model_dir)(PASSAGE)["input_ids"]
-
-
-def metric(triton_server, name: str) -> float:
-    with urllib.request.urlopen(triton_server.metrics_url, timeout=5) as reply:
-        body = reply.read().decode()
-    match = re.search(rf'^{name}\{{[^}}]*model="llm"[^}}]*\}} ([0-9.e+]+)$', body, re.MULTILINE)
-    assert match, f"{name} not in Triton's metrics"
-    return float(match.group(1))
-
-
-def wait_for(condition, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 @pytest.mark.parametrize("model", ["llm", "ensemble"])
@@ -167,34 +150,34 @@ def test_four_concurrent_streams_match_each_alone(triton_server, passage_ids):
 
 
 def test_cancelled_stream_stops_generating(triton_server, passage_ids):
-    cancelled_before = metric(triton_server, "llm_cancelled_requests_total")
+    cancelled_before = metric(triton_server.metrics_url, "llm_cancelled_requests_total")
     streamer = Streamer(triton_server.grpc_url)
-    streamer.send(
-        "llm",
-        {
-            io.INPUT_IDS: i32(*passage_ids[:3]),
-            io.MAX_TOKENS: i32(200),
-            io.IGNORE_EOS: np.array([True]),
-        },
-    )
-    for _ in range(3):
+    with held(triton_server):  # it cannot finish before the cancel
+        streamer.send(
+            "llm",
+            {
+                io.INPUT_IDS: i32(*passage_ids[:3]),
+                io.MAX_TOKENS: i32(200),
+                io.IGNORE_EOS: np.array([True]),
+            },
+        )
         _, error, final = streamer.next()
         assert error is None and not final
-    streamer.close(cancel=True)
+        streamer.close(cancel=True)
     assert wait_for(
-        lambda: metric(triton_server, "llm_cancelled_requests_total") > cancelled_before
+        lambda: metric(triton_server.metrics_url, "llm_cancelled_requests_total") > cancelled_before
     )
-    assert wait_for(lambda: metric(triton_server, "llm_active_sequences") == 0)
-    generated = metric(triton_server, "llm_generated_tokens_total")
-    time.sleep(0.5)
-    assert metric(triton_server, "llm_generated_tokens_total") == generated
-    # The server serves the next request.
+    assert wait_for(lambda: metric(triton_server.metrics_url, "llm_active_sequences") == 0)
+    generated = metric(triton_server.metrics_url, "llm_generated_tokens_total")
+    finished = metric(triton_server.metrics_url, "llm_finished_requests_total")
+    # The server serves the next request, and the cancelled one generated nothing more.
     result = generate(
         triton_server.grpc_url,
         "llm",
         {io.INPUT_IDS: i32(*passage_ids[:3]), io.MAX_TOKENS: i32(5), io.IGNORE_EOS: TRUE},
     )
     assert result.error is None and len(result.token_ids) == 5
+    assert_generated_since(triton_server.metrics_url, generated, finished, tokens=5)
 
 
 BAD_INPUTS = [

@@ -49,36 +49,36 @@ class LogprobsCollector:
     """Turns each response of one request into positions, generated and prompt ones.
 
     Stateful because LOGPROB_TOKEN_BYTES (the requested ids' bytes) comes on the first
-    response only. The model sends no bytes for PROMPT_LOGPROB_TOKEN_IDS: the caller passes
-    them (`prompt_id_bytes`), or nothing when tokens are shown as ids.
+    response only; PROMPT_LOGPROB_TOKEN_BYTES comes with the prompt's rows.
     """
 
     def __init__(
-        self,
-        logprob_token_ids: Sequence[int],
-        prompt_logprob_token_ids: Sequence[int] = (),
-        prompt_id_bytes: Sequence[bytes] = (),
+        self, logprob_token_ids: Sequence[int], prompt_logprob_token_ids: Sequence[int] = ()
     ) -> None:
         self._ids = tuple(logprob_token_ids)
         self._id_bytes: tuple[bytes, ...] | None = None
-        bytes_or_blank = tuple(prompt_id_bytes) or (b"",) * len(prompt_logprob_token_ids)
-        self._prompt_explicit = tuple(zip(prompt_logprob_token_ids, bytes_or_blank, strict=True))
+        self._prompt_ids = tuple(prompt_logprob_token_ids)
 
     def positions(self, output: TritonOutput) -> list[PositionLogprobs]:
         """The generated positions of one response."""
         if self._ids and self._id_bytes is None:
-            if len(output.requested_token_bytes) != len(self._ids):
-                raise EngineError(
-                    f"first Triton response has {len(output.requested_token_bytes)} bytes for "
-                    f"{len(self._ids)} logprob_token_ids"
-                )
-            self._id_bytes = tuple(output.requested_token_bytes)
+            self._id_bytes = _id_bytes(self._ids, output.requested_token_bytes, "logprob")
         explicit = tuple(zip(self._ids, self._id_bytes or (), strict=True))
         return _positions(output.output_ids, output.token_bytes, output, explicit)
 
     def prompt_positions(self, prompt: PromptOutput) -> list[PositionLogprobs]:
         """Prompt tokens 1..P-1, each scored given the tokens before it (token 0 has no row)."""
-        return _positions(prompt.ids[1:], prompt.token_bytes[1:], prompt, self._prompt_explicit)
+        id_bytes = _id_bytes(self._prompt_ids, prompt.requested_token_bytes, "prompt_logprob")
+        explicit = tuple(zip(self._prompt_ids, id_bytes, strict=True))
+        return _positions(prompt.ids[1:], prompt.token_bytes[1:], prompt, explicit)
+
+
+def _id_bytes(ids: Sequence[int], id_bytes: Sequence[bytes], field: str) -> tuple[bytes, ...]:
+    if len(id_bytes) != len(ids):
+        raise EngineError(
+            f"the Triton response has {len(id_bytes)} bytes for {len(ids)} {field}_token_ids"
+        )
+    return tuple(id_bytes)
 
 
 def _positions(

@@ -14,6 +14,7 @@ from tritonclient.utils import np_to_triton_dtype
 from backend.triton_io import (
     ADD_SPECIAL_TOKENS,
     ALLOWED_TOKEN_IDS,
+    ALWAYS_OUTPUTS,
     COMPLETION_TOKENS,
     FINISH_REASON,
     FREQUENCY_PENALTY,
@@ -22,6 +23,7 @@ from backend.triton_io import (
     INPUT_IDS,
     LOGIT_BIAS_IDS,
     LOGIT_BIAS_VALUES,
+    LOGPROB_OUTPUTS,
     LOGPROB_TOKEN_BYTES,
     LOGPROB_TOKEN_IDS,
     LOGPROB_TOKEN_LOGPROBS,
@@ -34,9 +36,11 @@ from backend.triton_io import (
     OUTPUT_TOKEN_BYTES,
     PRESENCE_PENALTY,
     PROMPT_IDS,
+    PROMPT_LOGPROB_TOKEN_BYTES,
     PROMPT_LOGPROB_TOKEN_IDS,
     PROMPT_LOGPROB_TOKEN_LOGPROBS,
     PROMPT_LOGPROBS,
+    PROMPT_OUTPUTS,
     PROMPT_TOKEN_BYTES,
     PROMPT_TOKEN_LOGPROBS,
     PROMPT_TOKENS,
@@ -56,29 +60,6 @@ from backend.triton_io import (
     TOP_LOGPROBS,
     TOP_P,
 )
-
-OUTPUT_NAMES = (
-    OUTPUT_IDS,
-    TEXT_OUTPUT,
-    OUTPUT_TOKEN_BYTES,
-    OUTPUT_LOGPROBS,
-    TOP_LOGPROB_IDS,
-    TOP_LOGPROBS,
-    TOP_LOGPROB_TOKEN_BYTES,
-    LOGPROB_TOKEN_LOGPROBS,
-    LOGPROB_TOKEN_BYTES,
-    FINISH_REASON,
-    PROMPT_TOKENS,
-    COMPLETION_TOKENS,
-    PROMPT_IDS,
-    PROMPT_TOKEN_BYTES,
-    PROMPT_TOKEN_LOGPROBS,
-    PROMPT_TOP_LOGPROB_IDS,
-    PROMPT_TOP_LOGPROBS,
-    PROMPT_TOP_LOGPROB_TOKEN_BYTES,
-    PROMPT_LOGPROB_TOKEN_LOGPROBS,
-)
-"""Every output of `llm`; each streamed response carries all of them."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +111,17 @@ class GenerationParams:
     def needs_tokenizing(self) -> bool:
         """A text or chat prompt: `preprocessing` turns it into INPUT_IDS first."""
         return self.prompt_ids is None
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        """The `llm` outputs this request reads: the model builds only those, and a response
+        without logprobs carries five small tensors rather than every one."""
+        names = ALWAYS_OUTPUTS
+        if self.logprobs is not None or self.logprob_token_ids:
+            names += LOGPROB_OUTPUTS
+        if self.prompt_logprobs is not None or self.prompt_logprob_token_ids:
+            names += PROMPT_OUTPUTS
+        return names
 
 
 def _scalar(value: float | bool, dtype: type[np.generic]) -> np.ndarray:
@@ -231,6 +223,8 @@ class PromptOutput(LogprobRows):
     ids: list[int]
     token_bytes: list[bytes]
     """[P], special tokens' text included."""
+    requested_token_bytes: list[bytes]
+    """[M]: the bytes of PROMPT_LOGPROB_TOKEN_IDS, whose column j is id j."""
 
 
 @dataclass(frozen=True)
@@ -290,6 +284,7 @@ class TritonOutput(LogprobRows):
             prompt = PromptOutput(
                 ids=prompt_ids,
                 token_bytes=values(PROMPT_TOKEN_BYTES),
+                requested_token_bytes=values(PROMPT_LOGPROB_TOKEN_BYTES),
                 **rows(
                     PROMPT_TOKEN_LOGPROBS,
                     PROMPT_TOP_LOGPROB_IDS,

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import grpc
 import numpy as np
+import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcclient_aio
 from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, KeepAliveOptions
 from tritonclient.utils import InferenceServerException
@@ -27,7 +28,6 @@ from tritonclient.utils import InferenceServerException
 from adapter.balancer import Balancer, split_targets
 from adapter.errors import EngineError, EngineUnavailableError, TritonInputError
 from adapter.tensors import (
-    OUTPUT_NAMES,
     GenerationParams,
     TritonOutput,
     llm_inputs,
@@ -387,6 +387,7 @@ class TritonEngine:
         request: dict[str, Any] = {
             "model_name": model,
             "inputs": to_infer_inputs(llm_inputs(params, prompt_ids)),
+            "outputs": [grpcclient.InferRequestedOutput(name) for name in params.output_names],
             "request_id": request_id,
         }
         # No `triton_enable_empty_final_response`: the model sends FINAL with its last data.
@@ -406,7 +407,7 @@ class TritonEngine:
                     raise error_from_triton(error.message())
                 final = result.get_response().parameters["triton_final_response"].bool_param
                 output = TritonOutput.from_arrays(
-                    {name: result.as_numpy(name) for name in OUTPUT_NAMES}, final=final
+                    {name: result.as_numpy(name) for name in params.output_names}, final=final
                 )
                 if final:
                     if output.finish_reason is None:

@@ -42,10 +42,16 @@ class LLMConfig:
     """Requests waiting for a slot beyond which new ones get a "server busy" error."""
     max_logprobs: int = 20
     max_logprob_token_ids: int = 1024
+    max_tokens_per_response: int = 0
+    """Most tokens one streamed response carries when the engine runs ahead; 0 = no cap."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_logprobs <= MAX_TOP_K:
             raise ValueError(f"max_logprobs must be in [0, {MAX_TOP_K}], got {self.max_logprobs}")
+        if self.max_tokens_per_response < 0:
+            raise ValueError(
+                f"max_tokens_per_response must be >= 0, got {self.max_tokens_per_response}"
+            )
 
     @classmethod
     def from_model_config(cls, model_config: dict[str, Any], model_repository: str) -> LLMConfig:
@@ -64,6 +70,7 @@ class LLMConfig:
             max_queue_size=int(params.get("max_queue_size", 256) or 256),
             max_logprobs=int(params.get("max_logprobs", 20) or 20),
             max_logprob_token_ids=int(params.get("max_logprob_token_ids", 1024) or 1024),
+            max_tokens_per_response=int(params.get("max_tokens_per_response", 0) or 0),
         )
 
 

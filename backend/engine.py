@@ -13,7 +13,7 @@ import queue
 import random
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -21,6 +21,7 @@ import torch
 
 from backend.detokenizer import IncrementalDetokenizer
 from backend.model_runner import ModelRunner
+from backend.outputs import BUSY, CANCELLED, INTERNAL, PromptLogprobs, StepOutput
 from backend.params import EngineLimits, GenerationParams
 from backend.sampling import RowState, batch_from_rows, sample
 from backend.stopping import LENGTH, STOP, StopStringMatcher, token_stop_reason
@@ -30,58 +31,16 @@ from kernels.logprobs import warmup as warmup_kernels
 
 logger = logging.getLogger(__name__)
 
-# Asking Triton whether a request was cancelled is an IPC round trip per sequence; every few
-# steps is enough to stop a cancelled one within a few tokens.
-CANCEL_CHECK_INTERVAL = 4
-
-# Kinds of final error a sink is told about (model.py maps them to Triton error codes).
-INTERNAL = "internal"
-CANCELLED = "cancelled"
-BUSY = "busy"
-
-
-@dataclass
-class PromptLogprobs:
-    """Logprobs at prompt positions 1..P-1 (position i scores prompt token i), sent once."""
-
-    ids: list[int]
-    token_bytes: list[bytes]
-    logprobs: np.ndarray  # [P-1]
-    top_ids: np.ndarray  # [P-1, k]
-    top_logprobs: np.ndarray  # [P-1, k]
-    top_bytes: list[bytes]  # (P-1) * k
-    token_id_logprobs: np.ndarray  # [P-1, M]
-    token_id_bytes: list[bytes]  # [M]
-
-
-@dataclass
-class StepOutput:
-    """What one streamed response carries: the tokens of this step, and the finish on the last."""
-
-    token_ids: list[int]
-    text: str
-    token_bytes: list[bytes]
-    logprobs: np.ndarray  # [n]
-    top_ids: np.ndarray  # [n, k]
-    top_logprobs: np.ndarray  # [n, k]
-    top_bytes: list[bytes]  # n * k, row-major
-    token_id_logprobs: np.ndarray  # [n, M]
-    token_id_bytes: list[bytes]  # [M] on the first response, empty afterwards
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    prompt: PromptLogprobs | None = None
-    """On the first response, when prompt logprobs were asked for."""
-
 
 class OutputSink(Protocol):
-    """Where a request's responses go (model.py wraps Triton's response sender)."""
+    """Where a request's outputs go (`backend.response_writer.Outbox` in model.py). Called on
+    the engine thread every step, so each method must return at once: no IPC."""
 
     def send(self, output: StepOutput) -> None:
-        """A data response; the final one when `output.finish_reason` is set."""
+        """A data output; the last one when `output.finish_reason` is set."""
 
     def send_error(self, message: str, *, kind: str = INTERNAL) -> None:
-        """The final response, as an error of `kind` (INTERNAL, CANCELLED or BUSY)."""
+        """The end of the request, as an error of `kind` (INTERNAL, CANCELLED or BUSY)."""
 
     def is_cancelled(self) -> bool: ...
 
@@ -146,7 +105,6 @@ class Engine:
         self._incoming: queue.Queue[tuple[GenerationParams, OutputSink]] = queue.Queue()
         self._active: list[_Sequence] = []
         self._running = False
-        self._steps = 0
         self._thread: threading.Thread | None = None
 
     # --- public API (any thread) ----------------------------------------------------------------
@@ -275,9 +233,7 @@ class Engine:
         )
 
     def _step(self) -> None:
-        self._steps += 1
-        if self._steps % CANCEL_CHECK_INTERVAL == 0:
-            self._drop_cancelled()
+        self._drop_cancelled()
         rows = self._active
         if not rows:
             return
@@ -454,4 +410,4 @@ class Engine:
         self.stats.waiting_requests = self._incoming.qsize()
         self.stats.kv_cache_usage = len(self._active) / self.runner.num_slots
         if self._on_stats is not None:
-            self._on_stats(self.stats)
+            self._on_stats(replace(self.stats))  # a snapshot for another thread

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 STOP = "stop"
 LENGTH = "length"
-CANCELLED = "cancelled"
 
 
 class StopStringMatcher:

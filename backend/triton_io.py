@@ -6,7 +6,7 @@ the adapter uses the names too and must stay free of torch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -14,7 +14,7 @@ import numpy as np
 from backend.params import EngineLimits, GenerationParams, InvalidRequestError
 
 if TYPE_CHECKING:
-    from backend.engine import PromptLogprobs, StepOutput
+    from backend.outputs import PromptLogprobs, StepOutput
 
 # --- inputs of `llm` (and of `ensemble`, which forwards them) ---------------------------------
 INPUT_IDS = "INPUT_IDS"  # INT32 [-1], llm only
@@ -66,6 +66,28 @@ PROMPT_TOP_LOGPROBS = "PROMPT_TOP_LOGPROBS"  # FP32 [P-1, k]
 PROMPT_TOP_LOGPROB_TOKEN_BYTES = "PROMPT_TOP_LOGPROB_TOKEN_BYTES"  # BYTES [P-1, k]
 PROMPT_LOGPROB_TOKEN_LOGPROBS = "PROMPT_LOGPROB_TOKEN_LOGPROBS"  # FP32 [P-1, M]
 PROMPT_LOGPROB_TOKEN_BYTES = "PROMPT_LOGPROB_TOKEN_BYTES"  # BYTES [M]
+
+# Output groups, so that a client asks only for what it reads (`requested_output_names`).
+ALWAYS_OUTPUTS = (OUTPUT_IDS, TEXT_OUTPUT, FINISH_REASON, PROMPT_TOKENS, COMPLETION_TOKENS)
+LOGPROB_OUTPUTS = (
+    OUTPUT_LOGPROBS,
+    OUTPUT_TOKEN_BYTES,
+    TOP_LOGPROB_IDS,
+    TOP_LOGPROBS,
+    TOP_LOGPROB_TOKEN_BYTES,
+    LOGPROB_TOKEN_LOGPROBS,
+    LOGPROB_TOKEN_BYTES,
+)
+PROMPT_OUTPUTS = (
+    PROMPT_IDS,
+    PROMPT_TOKEN_BYTES,
+    PROMPT_TOKEN_LOGPROBS,
+    PROMPT_TOP_LOGPROB_IDS,
+    PROMPT_TOP_LOGPROBS,
+    PROMPT_TOP_LOGPROB_TOKEN_BYTES,
+    PROMPT_LOGPROB_TOKEN_LOGPROBS,
+    PROMPT_LOGPROB_TOKEN_BYTES,
+)
 
 # -inf cannot travel through JSON clients; vLLM and this contract send it as -9999.0.
 NEG_INF_LOGPROB = -9999.0
@@ -242,28 +264,37 @@ def _logprob_array(values: np.ndarray) -> np.ndarray:
     return np.maximum(np.asarray(values, dtype=np.float32), np.float32(NEG_INF_LOGPROB))
 
 
-def output_arrays(out: StepOutput, params: GenerationParams) -> dict[str, np.ndarray]:
-    """One streamed response. Every output is present (zero-size when empty): an ensemble only
-    forwards a response once each of its outputs has a tensor."""
+def output_arrays(
+    out: StepOutput, params: GenerationParams, names: Collection[str] | None = None
+) -> dict[str, np.ndarray]:
+    """One streamed response of n = len(out.token_ids) tokens: the outputs in `names` (the
+    request's requested outputs), or every one when None. Each is present even when empty
+    (zero-size): an ensemble only forwards a response once each of its outputs has a tensor.
+    Only the named ones are built, since building them holds the GIL."""
     n = len(out.token_ids)
     k = params.logprobs or 0
     m = len(params.logprob_token_ids)
     want = params.logprobs is not None
-    return {
-        OUTPUT_IDS: np.asarray(out.token_ids, dtype=np.int32),
-        TEXT_OUTPUT: _bytes_array([out.text.encode("utf-8")], (1,)),
-        OUTPUT_TOKEN_BYTES: _bytes_array(out.token_bytes, (n,)),
-        OUTPUT_LOGPROBS: _logprob_array(out.logprobs if want else np.zeros(0)),
-        TOP_LOGPROB_IDS: np.asarray(out.top_ids, dtype=np.int32).reshape(n, k),
-        TOP_LOGPROBS: _logprob_array(out.top_logprobs).reshape(n, k),
-        TOP_LOGPROB_TOKEN_BYTES: _bytes_array(out.top_bytes, (n, k)),
-        LOGPROB_TOKEN_LOGPROBS: _logprob_array(out.token_id_logprobs).reshape(n, m),
-        LOGPROB_TOKEN_BYTES: _bytes_array(out.token_id_bytes, (len(out.token_id_bytes),)),
-        FINISH_REASON: _bytes_array([(out.finish_reason or "").encode()], (1,)),
-        PROMPT_TOKENS: np.asarray([out.prompt_tokens], dtype=np.int32),
-        COMPLETION_TOKENS: np.asarray([out.completion_tokens], dtype=np.int32),
-        **_prompt_arrays(out.prompt, params),
+    builders: dict[str, Callable[[], np.ndarray]] = {
+        OUTPUT_IDS: lambda: np.asarray(out.token_ids, dtype=np.int32),
+        TEXT_OUTPUT: lambda: _bytes_array([out.text.encode("utf-8")], (1,)),
+        OUTPUT_TOKEN_BYTES: lambda: _bytes_array(out.token_bytes, (n,)),
+        OUTPUT_LOGPROBS: lambda: _logprob_array(out.logprobs if want else np.zeros(0)),
+        TOP_LOGPROB_IDS: lambda: np.asarray(out.top_ids, dtype=np.int32).reshape(n, k),
+        TOP_LOGPROBS: lambda: _logprob_array(out.top_logprobs).reshape(n, k),
+        TOP_LOGPROB_TOKEN_BYTES: lambda: _bytes_array(out.top_bytes, (n, k)),
+        LOGPROB_TOKEN_LOGPROBS: lambda: _logprob_array(out.token_id_logprobs).reshape(n, m),
+        LOGPROB_TOKEN_BYTES: lambda: _bytes_array(out.token_id_bytes, (len(out.token_id_bytes),)),
+        FINISH_REASON: lambda: _bytes_array([(out.finish_reason or "").encode()], (1,)),
+        PROMPT_TOKENS: lambda: np.asarray([out.prompt_tokens], dtype=np.int32),
+        COMPLETION_TOKENS: lambda: np.asarray([out.completion_tokens], dtype=np.int32),
     }
+    wanted = {*builders, *PROMPT_OUTPUTS} if names is None else set(names)
+    arrays = {name: builders[name]() for name in builders if name in wanted}
+    if not wanted.isdisjoint(PROMPT_OUTPUTS):
+        prompt = _prompt_arrays(out.prompt, params)
+        arrays.update((name, array) for name, array in prompt.items() if name in wanted)
+    return arrays
 
 
 def _prompt_arrays(

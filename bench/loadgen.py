@@ -23,7 +23,7 @@ import grpc
 import httpx
 import numpy as np
 import tritonclient.grpc.aio as grpcclient_aio
-from tritonclient.grpc import InferInput
+from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.utils import np_to_triton_dtype
 
 from backend import triton_io as io
@@ -136,6 +136,8 @@ class TritonTarget:
         self._model = model
         self._url = url
         self._explicit = np.array(logprob_token_ids, dtype=np.int32)
+        # What the adapter asks for with and without logprobs: the model builds only these.
+        self._outputs = io.ALWAYS_OUTPUTS + (io.LOGPROB_OUTPUTS if self._explicit.size else ())
         self._client: grpcclient_aio.InferenceServerClient | None = None
 
     @property
@@ -160,7 +162,11 @@ class TritonTarget:
         return inputs
 
     async def generate(self, spec: RequestSpec, first_token: FirstToken) -> int:
-        request = {"model_name": self._model, "inputs": self._inputs(spec)}
+        request = {
+            "model_name": self._model,
+            "inputs": self._inputs(spec),
+            "outputs": [InferRequestedOutput(name) for name in self._outputs],
+        }
         finished = asyncio.Event()
 
         async def requests() -> AsyncIterator[dict[str, Any]]:
@@ -169,7 +175,7 @@ class TritonTarget:
             await finished.wait()
 
         call = self.client.stream_infer(requests())
-        tokens, checked = 0, not self._explicit.size
+        tokens, checked, completed = 0, not self._explicit.size, False
         try:
             async for result, error in call:
                 if error is not None:
@@ -184,16 +190,18 @@ class TritonTarget:
                         raise RuntimeError(f"{io.LOGPROB_TOKEN_LOGPROBS} has shape {shape}")
                     checked = True
                 if result.get_response().parameters["triton_final_response"].bool_param:
+                    completed = True
                     finished.set()
+                    async for _ in call:  # half-closed: Triton ends the RPC
+                        pass
                     return tokens
             raise RuntimeError(f"the stream of {self._model} ended before the final response")
         except grpc.RpcError as exc:
             raise RuntimeError(f"{self._model}: {exc}") from exc
         finally:
             finished.set()
-            # Ends the RPC now: after the final response there is nothing left to cancel, after
-            # an error or a timeout Triton stops generating for this request.
-            call.cancel()
+            if not completed:  # after an error or a timeout Triton stops generating for it
+                call.cancel()  # never after the final: docs/design.md, "Streaming responses"
 
     async def aclose(self) -> None:
         if self._client is not None:

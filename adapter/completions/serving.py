@@ -51,14 +51,9 @@ class CompletionChoiceBuilder:
     token that only starts a multi-byte character gets that character's offset.
     """
 
-    def __init__(
-        self,
-        request: CompletionRequest,
-        params: GenerationParams,
-        prompt_id_bytes: Sequence[bytes] = (),
-    ) -> None:
+    def __init__(self, request: CompletionRequest, params: GenerationParams) -> None:
         self._collector = LogprobsCollector(
-            params.logprob_token_ids, params.prompt_logprob_token_ids, prompt_id_bytes
+            params.logprob_token_ids, params.prompt_logprob_token_ids
         )
         self._as_token_ids = bool(request.return_tokens_as_token_ids)
         self._logprobs = params.logprobs is not None
@@ -156,8 +151,7 @@ class OpenAIServingCompletion(OpenAIServing):
         self.check_id_count(info, request.prompt_logprob_token_ids, "prompt_logprob_token_ids")
         choices = request.to_generation_params()
         request_id = f"cmpl-{current_request_id()}"
-        id_bytes = await self._prompt_id_bytes(request, choices[0], request_id)
-        builders = [CompletionChoiceBuilder(request, params, id_bytes) for params in choices]
+        builders = [CompletionChoiceBuilder(request, params) for params in choices]
         if request.stream:
             streams = await self.start_streams(choices, request_id)
             return self.completion_stream_generator(
@@ -165,20 +159,6 @@ class OpenAIServingCompletion(OpenAIServing):
             )
         outputs = await self.collect_all(choices, request_id)
         return self.completion_full_response(request, builders, outputs, request_id, model_name)
-
-    async def _prompt_id_bytes(
-        self,
-        request: CompletionRequest,
-        params: GenerationParams,
-        request_id: str,
-    ) -> list[bytes]:
-        """The bytes of `prompt_logprob_token_ids`, for their token strings (the model sends
-        none for them); not needed when tokens are shown as ids."""
-        if not params.prompt_logprob_token_ids or request.return_tokens_as_token_ids:
-            return []
-        return await self.token_bytes(
-            params.prompt_logprob_token_ids, request_id, parameter="prompt_logprob_token_ids"
-        )
 
     @staticmethod
     def completion_full_response(

@@ -31,13 +31,14 @@ def response_arrays(
     prompt: Sequence[Token] = (),
     prompt_top: Sequence[Sequence[Token]] | None = None,
     prompt_requested: Sequence[Sequence[float]] | None = None,
+    prompt_requested_bytes: Sequence[bytes] = (),
 ) -> dict[str, np.ndarray]:
     """The arrays of one streamed response, shaped as the model sends them.
 
     `text` defaults to the tokens' bytes joined; `top` holds k (id, bytes, logprob) per
     position; `requested` the M logprobs of the requested ids per position. `prompt` holds the
     prompt's tokens (the first one's logprob unused), `prompt_top` and `prompt_requested` the
-    rows of prompt positions 1..P-1.
+    rows of prompt positions 1..P-1, `prompt_requested_bytes` the bytes of their M ids.
     """
     n = len(tokens)
     k = len(top[0]) if top else 0
@@ -45,7 +46,7 @@ def response_arrays(
     top = top or [[] for _ in range(n)]
     joined = b"".join(t[1] for t in tokens).decode("utf-8", errors="replace")
     return {
-        **_prompt_arrays(prompt, prompt_top, prompt_requested),
+        **_prompt_arrays(prompt, prompt_top, prompt_requested, prompt_requested_bytes),
         io.OUTPUT_IDS: np.array([t[0] for t in tokens], dtype=np.int32),
         io.TEXT_OUTPUT: np.array([(joined if text is None else text).encode()], dtype=np.object_),
         io.OUTPUT_TOKEN_BYTES: np.array([t[1] for t in tokens], dtype=np.object_),
@@ -67,6 +68,7 @@ def _prompt_arrays(
     prompt: Sequence[Token],
     top: Sequence[Sequence[Token]] | None,
     requested: Sequence[Sequence[float]] | None,
+    requested_bytes: Sequence[bytes],
 ) -> dict[str, np.ndarray]:
     rows = max(len(prompt) - 1, 0)
     k = len(top[0]) if top else 0
@@ -86,6 +88,7 @@ def _prompt_arrays(
             [[e[1] for e in row] for row in top], dtype=np.object_
         ).reshape(rows, k),
         io.PROMPT_LOGPROB_TOKEN_LOGPROBS: np.array(requested or [], np.float32).reshape(rows, m),
+        io.PROMPT_LOGPROB_TOKEN_BYTES: np.array(list(requested_bytes), dtype=np.object_),
     }
 
 
@@ -201,6 +204,7 @@ def model_script(params: GenerationParams) -> Script:
             prompt=prompt,
             prompt_top=prompt_top,
             prompt_requested=prompt_requested,
+            prompt_requested_bytes=[byte_token(i) for i in params.prompt_logprob_token_ids],
             finish_reason="length",
             prompt_tokens=max(len(prompt), 1),
             completion_tokens=len(tokens),

@@ -296,19 +296,20 @@ def test_prompt_logprob_token_ids_follow_the_prompt_token(
     main = output(
         prompt=PROMPT,
         prompt_requested=[[-3.0, -1.0], [-0.5, -6.0]],  # columns: ids 9, 65
+        prompt_requested_bytes=[b"\t", b"A"],
         finish_reason="length",
     )
     engine.script = [main]
     body = {**SCORE_PROMPT, "prompt_logprob_token_ids": [9, 65, 9]}
     top = client.post(URL, json=body).json()["choices"][0]["logprobs"]["top_logprobs"]
     # The prompt token first, then each distinct requested id but it, in request order; the
-    # requested ids' strings come from their bytes (the fake's "\t" for 9, "A" for 65).
+    # requested ids' strings come from their bytes, PROMPT_LOGPROB_TOKEN_BYTES.
     assert [list(t.items()) if t else t for t in top] == [
         None,
         [("\ufffd", -1.0), ("\t", -3.0), ("A", -1.0)],
         [("\ufffd", -0.5), ("A", -6.0)],  # the prompt token is 9: once, first
     ]
-    assert engine.detokenized == [(9, 65)]  # the ids' bytes, from preprocessing
+    assert engine.detokenized == []  # no call for the ids' bytes: the response has them
     [(main_request, _)] = engine.requests
     assert main_request.prompt_logprob_token_ids == (9, 65)
     assert main_request.prompt_logprobs == 0
@@ -318,7 +319,12 @@ def test_prompt_logprob_token_ids_as_token_ids_need_no_bytes(
     engine: FakeEngine, client: TestClient
 ) -> None:
     engine.script = [
-        output(prompt=PROMPT, prompt_requested=[[-3.0, -1.0], [-0.5, -6.0]], finish_reason="length")
+        output(
+            prompt=PROMPT,
+            prompt_requested=[[-3.0, -1.0], [-0.5, -6.0]],
+            prompt_requested_bytes=[b"\t", b"A"],
+            finish_reason="length",
+        )
     ]
     body = {**SCORE_PROMPT, "prompt_logprob_token_ids": [9, 65], "return_tokens_as_token_ids": True}
     top = client.post(URL, json=body).json()["choices"][0]["logprobs"]["top_logprobs"]

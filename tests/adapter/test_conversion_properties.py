@@ -21,7 +21,7 @@ from adapter.completions.serving import CompletionChoiceBuilder
 from adapter.logprobs import LogprobsCollector
 from adapter.tensors import GenerationParams, TritonOutput, llm_inputs, to_infer_inputs
 from backend import triton_io as io
-from backend.engine import PromptLogprobs, StepOutput
+from backend.outputs import PromptLogprobs, StepOutput, merge_outputs
 from backend.params import EngineLimits
 from backend.params import GenerationParams as EngineParams
 
@@ -125,8 +125,11 @@ def step_outputs(draw: st.DrawFn) -> tuple[StepOutput, EngineParams]:
     raw = st.binary(min_size=1, max_size=4)
     prompt = None
     prompt_k = draw(optional(st.integers(0, 2)))
+    prompt_explicit: list[int] = []
     if prompt_k is not None:
         rows = draw(st.integers(0, 3))
+        prompt_explicit = list(draw(distinct_ids))
+        pm = len(prompt_explicit)
         prompt = PromptLogprobs(
             ids=draw(st.lists(token_ids, min_size=rows + 1, max_size=rows + 1)),
             token_bytes=draw(st.lists(raw, min_size=rows + 1, max_size=rows + 1)),
@@ -138,8 +141,10 @@ def step_outputs(draw: st.DrawFn) -> tuple[StepOutput, EngineParams]:
                 draw(st.lists(logprob, min_size=rows * prompt_k, max_size=rows * prompt_k))
             ),
             top_bytes=draw(st.lists(raw, min_size=rows * prompt_k, max_size=rows * prompt_k)),
-            token_id_logprobs=np.zeros((rows, 0)),
-            token_id_bytes=[],
+            token_id_logprobs=np.array(
+                draw(st.lists(logprob, min_size=rows * pm, max_size=rows * pm))
+            ).reshape(rows, pm),
+            token_id_bytes=draw(st.lists(raw, min_size=pm, max_size=pm)),
         )
     kk = k or 0
     out = StepOutput(
@@ -162,6 +167,7 @@ def step_outputs(draw: st.DrawFn) -> tuple[StepOutput, EngineParams]:
         logprobs=k,
         logprob_token_ids=explicit,
         prompt_logprobs=prompt_k,
+        prompt_logprob_token_ids=prompt_explicit,
     )
     return out, params
 
@@ -206,6 +212,18 @@ def test_the_adapter_reads_what_the_engine_sends(drawn) -> None:
         assert (got.prompt.ids, got.prompt.token_bytes) == (out.prompt.ids, out.prompt.token_bytes)
         assert got.prompt.logprobs == sent(out.prompt.logprobs)
         assert flat(got.prompt.top_logprobs) == sent(out.prompt.top_logprobs)
+        assert flat(got.prompt.requested_logprobs) == sent(out.prompt.token_id_logprobs)
+        assert got.prompt.requested_token_bytes == out.prompt.token_id_bytes
+        prompt_ids = params.prompt_logprob_token_ids
+        positions = LogprobsCollector((), prompt_ids).prompt_positions(got.prompt)
+        assert [p.sampled.token_id for p in positions] == out.prompt.ids[1:]
+        if prompt_ids:  # the prompt token first, then the ids with their bytes
+            id_bytes = dict(zip(prompt_ids, out.prompt.token_id_bytes, strict=True))
+            for position in positions:
+                others = [(t.token_id, t.token_bytes) for t in position.alternatives[1:]]
+                assert others == [
+                    (i, id_bytes[i]) for i in prompt_ids if i != position.sampled.token_id
+                ]
 
     if params.logprobs is None and not m:
         return
@@ -228,6 +246,65 @@ def test_the_adapter_reads_what_the_engine_sends(drawn) -> None:
             assert entries == list(
                 zip(got.top_ids[i], got.top_token_bytes[i], got.top_logprobs[i], strict=True)
             )
+
+
+@st.composite
+def token_steps(draw: st.DrawFn) -> tuple[list[StepOutput], EngineParams]:
+    """The one-token outputs of a request, as the engine makes them step by step."""
+    explicit = list(draw(distinct_ids))
+    m, k, n = len(explicit), draw(st.integers(0, 3)), draw(st.integers(1, 5))
+    raw = st.binary(min_size=1, max_size=4)
+
+    def floats(size: int) -> np.ndarray:
+        return np.array(draw(st.lists(logprob, min_size=size, max_size=size)), np.float32)
+
+    steps = [
+        StepOutput(
+            token_ids=[draw(token_ids)],
+            text=draw(st.text(max_size=3)),
+            token_bytes=[draw(raw)],
+            logprobs=floats(1),
+            top_ids=np.array(draw(st.lists(token_ids, min_size=k, max_size=k))).reshape(1, k),
+            top_logprobs=floats(k).reshape(1, k),
+            top_bytes=draw(st.lists(raw, min_size=k, max_size=k)),
+            token_id_logprobs=floats(m).reshape(1, m),
+            token_id_bytes=draw(st.lists(raw, min_size=m, max_size=m)) if i == 0 else [],
+            finish_reason="length" if i == n - 1 else None,
+            prompt_tokens=3,
+            completion_tokens=i + 1,
+        )
+        for i in range(n)
+    ]
+    return steps, EngineParams(prompt_ids=[1], logprobs=k, logprob_token_ids=explicit)
+
+
+@PROPERTIES
+@given(token_steps())
+def test_a_merged_response_reads_as_its_tokens_one_by_one(drawn) -> None:
+    """What the response writer sends when it fell behind: one [n] response for n steps."""
+    steps, params = drawn
+    singles = [
+        TritonOutput.from_arrays(io.output_arrays(step, params), final=step is steps[-1])
+        for step in steps
+    ]
+    merged = TritonOutput.from_arrays(io.output_arrays(merge_outputs(steps), params), final=True)
+    assert merged.output_ids == flat(o.output_ids for o in singles)
+    assert merged.text == "".join(o.text for o in singles)
+    for name in ("token_bytes", "logprobs"):
+        assert getattr(merged, name) == flat(getattr(o, name) for o in singles), name
+    for name in ("top_ids", "top_logprobs", "top_token_bytes", "requested_logprobs"):
+        assert getattr(merged, name) == flat(getattr(o, name) for o in singles), name
+    assert merged.requested_token_bytes == singles[0].requested_token_bytes
+    assert (merged.finish_reason, merged.completion_tokens) == ("length", len(steps))
+    one_by_one = LogprobsCollector(params.logprob_token_ids)
+    together = LogprobsCollector(params.logprob_token_ids)
+    assert flat(one_by_one.positions(o) for o in singles) == together.positions(merged)
+    request = CompletionRequest(prompt=[1], logprobs=params.logprobs, stream=True)
+    [choice] = request.to_generation_params()
+    choice = replace(choice, logprob_token_ids=tuple(params.logprob_token_ids))
+    assert CompletionChoiceBuilder(request, choice).build(singles) == CompletionChoiceBuilder(
+        request, choice
+    ).build([merged])
 
 
 @st.composite

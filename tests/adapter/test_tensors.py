@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 
 from adapter.tensors import (
+    ALWAYS_OUTPUTS,
+    LOGPROB_OUTPUTS,
+    PROMPT_OUTPUTS,
     GenerationParams,
     TritonOutput,
     llm_inputs,
@@ -16,6 +19,7 @@ from adapter.tensors import (
 )
 from backend import triton_io as io
 from tests.adapter.fakes import response_arrays
+from tests.backend.triton_config import config_tensors
 
 
 def test_llm_inputs_with_every_option() -> None:
@@ -151,6 +155,7 @@ def test_output_with_prompt_logprobs() -> None:
         prompt=[(3, b"<s>", 0.0), (4, b"a", -1.5), (5, b"\xe2", -0.5)],
         prompt_top=[[(4, b"a", -1.5)], [(6, b"b", -0.25)]],
         prompt_requested=[[-2.0, -3.0], [-4.0, -9999.0]],
+        prompt_requested_bytes=[b"x", b"y"],
     )
     prompt = TritonOutput.from_arrays(arrays, final=False).prompt
     assert prompt is not None
@@ -159,6 +164,7 @@ def test_output_with_prompt_logprobs() -> None:
     assert (prompt.top_ids, prompt.top_logprobs) == ([[4], [6]], [[-1.5], [-0.25]])
     assert prompt.top_token_bytes == [[b"a"], [b"b"]]
     assert prompt.requested_logprobs == [[-2.0, -3.0], [-4.0, -9999.0]]
+    assert prompt.requested_token_bytes == [b"x", b"y"]
     assert TritonOutput.from_arrays(response_arrays(), final=False).prompt is None
 
 
@@ -168,3 +174,29 @@ def test_output_not_final_and_empty() -> None:
     assert out.finish_reason is None  # "" until the final response
     missing = TritonOutput.from_arrays({}, final=False)
     assert (missing.output_ids, missing.text, missing.prompt_tokens) == ([], "", 0)
+
+
+@pytest.mark.parametrize(
+    ("fields", "groups"),
+    [
+        ({}, ()),
+        ({"logprobs": 0}, ("logprobs",)),
+        ({"logprob_token_ids": (5,)}, ("logprobs",)),
+        ({"prompt_logprobs": 1}, ("prompt",)),
+        ({"logprobs": 2, "prompt_logprob_token_ids": (4,)}, ("logprobs", "prompt")),
+    ],
+)
+def test_a_request_asks_only_for_the_outputs_it_reads(
+    fields: dict[str, object], groups: tuple[str, ...]
+) -> None:
+    names = GenerationParams(prompt_ids=(1,), **fields).output_names  # type: ignore[arg-type]
+    expected = set(ALWAYS_OUTPUTS)
+    expected |= set(LOGPROB_OUTPUTS) if "logprobs" in groups else set()
+    expected |= set(PROMPT_OUTPUTS) if "prompt" in groups else set()
+    assert set(names) == expected
+
+
+def test_the_output_groups_cover_the_llm_outputs_once() -> None:
+    groups = ALWAYS_OUTPUTS + LOGPROB_OUTPUTS + PROMPT_OUTPUTS
+    assert len(groups) == len(set(groups))
+    assert set(groups) == set(config_tensors("llm", "output"))

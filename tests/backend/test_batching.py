@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from backend.default_model import PASSAGE
-from backend.engine import BUSY, CANCELLED, INTERNAL, Engine, StepOutput
+from backend.engine import Engine
 from backend.model_runner import ModelRunner
+from backend.outputs import BUSY, CANCELLED, INTERNAL, StepOutput
 from backend.params import GenerationParams
 from tests.reference import reference_logprobs, tokenizer
 

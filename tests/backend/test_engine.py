@@ -14,8 +14,9 @@ import pytest
 
 from backend import default_model
 from backend import triton_io as io
-from backend.engine import INTERNAL, Engine, EngineStats, StepOutput
+from backend.engine import Engine, EngineStats
 from backend.model_runner import ModelRunner
+from backend.outputs import INTERNAL, StepOutput
 from backend.params import GenerationParams
 from backend.stopping import LENGTH
 from backend.token_bytes import token_bytes_table

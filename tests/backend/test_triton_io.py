@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from backend import triton_io as io
-from backend.engine import PromptLogprobs, StepOutput
+from backend.outputs import PromptLogprobs, StepOutput
 from backend.params import EngineLimits, GenerationParams, InvalidRequestError
 from tests.backend.triton_config import config_tensors
 
@@ -381,3 +381,22 @@ def test_prompt_outputs_are_zero_size_except_on_the_response_carrying_them(k: in
     )
     assert arrays[io.PROMPT_TOP_LOGPROB_TOKEN_BYTES].reshape(-1).tolist() == out.prompt.top_bytes
     assert arrays[io.PROMPT_LOGPROB_TOKEN_BYTES].tolist() == [b"nine"] * m
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        {io.OUTPUT_IDS, io.TEXT_OUTPUT, io.FINISH_REASON},
+        {io.TOP_LOGPROBS, io.PROMPT_IDS},
+        set(),
+    ],
+)
+def test_only_the_requested_outputs_are_built(names: set[str]) -> None:
+    out = step_output(2, 3, 2)
+    params = GenerationParams(prompt_ids=[1], logprobs=3, logprob_token_ids=[5, 6])
+    every = io.output_arrays(out, params)
+    built = io.output_arrays(out, params, names)
+    assert set(built) == names
+    for name in names:
+        assert np.array_equal(built[name], every[name]), name
+    assert set(every) == set(config_tensors("llm", "output"))

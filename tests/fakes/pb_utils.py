@@ -13,10 +13,12 @@ import time. `FakeRequest`, `metric` and `reset` are for tests only.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import numpy as np
+
+from tests.backend.triton_config import config_tensors
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 
@@ -131,11 +133,14 @@ class FakeRequest:
         inputs: Mapping[str, np.ndarray],
         request_id: str = "",
         cancelled: bool = False,
+        requested_outputs: Collection[str] = (),
     ) -> None:
+        """`requested_outputs`: what the client named; none means all, as in Triton."""
         self._inputs = [Tensor(name, array) for name, array in inputs.items()]
         self._request_id = request_id
         self.cancelled = cancelled
         self.sender = ResponseSender()
+        self._requested = set(requested_outputs)
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
@@ -148,6 +153,9 @@ class FakeRequest:
 
     def is_cancelled(self) -> bool:
         return self.cancelled
+
+    def requested_output_names(self) -> set[str]:
+        return set(self._requested or config_tensors("llm", "output"))
 
 
 def get_input_tensor_by_name(request: FakeRequest, name: str) -> Tensor | None:

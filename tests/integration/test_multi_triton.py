@@ -17,7 +17,7 @@ from backend.adapter_server import AdapterServer
 from backend.repository import write_repository
 from backend.tritonserver import TritonServer
 from tests.conftest import TEST_PARAMETERS
-from tests.integration.openai_support import MODEL
+from tests.integration.openai_support import MODEL, wait_for
 
 REQUESTS = 8
 GREEDY = {"model": MODEL, "prompt": "Hi", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
@@ -77,12 +77,17 @@ def test_requests_are_balanced_and_fail_over(model_dir: Path, tmp_path: Path) ->
         before = [finished_requests(s) for s in servers]
         for _ in range(REQUESTS):
             complete(client)
-        grown = [finished_requests(s) - b for s, b in zip(servers, before, strict=True)]
-        assert sum(grown) == REQUESTS and min(grown) > 0, grown  # both served some
+
+        def grown() -> list[float]:
+            return [finished_requests(s) - b for s, b in zip(servers, before, strict=True)]
+
+        # The engines publish their counters a moment after the responses.
+        assert wait_for(lambda: sum(grown()) == REQUESTS), grown()
+        assert min(grown()) > 0, grown()  # both served some
 
         second.stop()
         before_first = finished_requests(first)
         for _ in range(REQUESTS):  # the first one to reach the stopped Triton fails over
             complete(client)
-        assert finished_requests(first) - before_first == REQUESTS
+        assert wait_for(lambda: finished_requests(first) - before_first == REQUESTS)
         assert client.get("/health/ready").status_code == 200

@@ -1,20 +1,25 @@
-"""Triton glue for the generation engine: decoupled, one response per generated token.
+"""Triton glue for the generation engine: decoupled, each response carries the tokens generated
+since the last one (one per response while the writer keeps up).
 
 Tensor contract: README.md "Tensors". `execute` parses each request into `GenerationParams` and
-hands it to the engine thread; the engine answers through `_ResponseSink`, which sends the FINAL
-flag with the last data response, exactly once, also on error and cancellation.
+hands it to the engine thread, which appends its outputs to the request's outbox; the response
+writer thread sends them (`backend.response_writer`), the FINAL flag with the last response,
+exactly once, also on error and cancellation.
 """
 
 import json
 import os
+from dataclasses import dataclass
 
 import torch
 import triton_python_backend_utils as pb_utils
 
 from backend.config import LLMConfig
-from backend.engine import BUSY, CANCELLED, INTERNAL, Engine, EngineStats, StepOutput
+from backend.engine import Engine, EngineStats
 from backend.model_runner import ModelRunner
+from backend.outputs import BUSY, CANCELLED, StepOutput
 from backend.params import GenerationParams, InvalidRequestError
+from backend.response_writer import ResponseWriter
 from backend.triton_io import output_arrays, parse_request
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -26,36 +31,51 @@ def _error_code(kind: str) -> int:
     return codes.get(kind, pb_utils.TritonError.INTERNAL)
 
 
-class _ResponseSink:
-    def __init__(self, request, params: GenerationParams, logger) -> None:
-        self._request = request
-        self._sender = request.get_response_sender()
-        self._params = params
+@dataclass
+class _Request:
+    triton: object
+    """Triton's InferenceRequest; dropped after FINAL so that Triton can release it."""
+    sender: object
+    params: GenerationParams
+    output_names: frozenset[str]
+    """What the client asked for (all outputs when it named none): only these are built."""
+
+
+class _TritonTransport:
+    """The writer's way out: Triton's response senders (writer thread only)."""
+
+    def __init__(self, logger) -> None:
         self._logger = logger
-        self._final_sent = False
 
-    def _send(self, response, final: bool) -> None:
-        if self._final_sent:
-            return
-        self._final_sent = final
-        try:
-            self._sender.send(response, flags=FINAL if final else 0)
-        except Exception as exc:  # the client may be gone; never let it reach the engine loop
-            self._logger.log_warn(f"request {self._params.request_id}: send failed: {exc}")
-
-    def send(self, output: StepOutput) -> None:
-        arrays = output_arrays(output, self._params)
+    def send(self, request: _Request, output: StepOutput, final: bool) -> None:
+        arrays = output_arrays(output, request.params, request.output_names)
         tensors = [pb_utils.Tensor(name, array) for name, array in arrays.items()]
-        self._send(
-            pb_utils.InferenceResponse(output_tensors=tensors), output.finish_reason is not None
-        )
+        self._send(request, pb_utils.InferenceResponse(output_tensors=tensors), final)
 
-    def send_error(self, message: str, *, kind: str = INTERNAL) -> None:
-        code = _error_code(kind)
-        self._send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), True)
+    def send_error(self, request: _Request, message: str, kind: str) -> None:
+        error = pb_utils.TritonError(message, _error_code(kind))
+        self._send(request, pb_utils.InferenceResponse(error=error), True)
 
-    def is_cancelled(self) -> bool:
-        return self._request.is_cancelled()
+    def is_cancelled(self, request: _Request) -> bool:
+        return request.triton is not None and request.triton.is_cancelled()
+
+    def _send(self, request: _Request, response, final: bool) -> None:
+        sender = request.sender
+        if sender is None:
+            return
+        try:
+            sender.send(response, flags=FINAL if final else 0)
+        except Exception as exc:  # the client may be gone; the writer goes on
+            self._logger.log_warn(f"request {request.params.request_id}: send failed: {exc}")
+            if final:  # the request must still complete, or Triton never releases it
+                try:
+                    sender.send(flags=FINAL)
+                except Exception as again:
+                    self._logger.log_warn(
+                        f"request {request.params.request_id}: FINAL failed: {again}"
+                    )
+        if final:
+            request.triton = request.sender = None
 
 
 class _Metrics:
@@ -122,13 +142,19 @@ class TritonPythonModel:
             kv_cache_bytes=config.kv_cache_memory_mb * 2**20,
         )
         self.metrics = _Metrics(args["model_name"])
+        self.writer: ResponseWriter[_Request, EngineStats] = ResponseWriter(
+            _TritonTransport(self.logger),
+            max_tokens_per_response=config.max_tokens_per_response,
+            on_stats=self.metrics.update,
+        )
         self.engine = Engine(
             runner,
             max_logprobs=config.max_logprobs,
             max_logprob_token_ids=config.max_logprob_token_ids,
             max_queue_size=config.max_queue_size,
-            on_stats=self.metrics.update,
+            on_stats=self.writer.publish_stats,
         )
+        self.writer.start()
         self.engine.start()
         self.logger.log_info(
             f"llm ready: {config.model_path} on {runner.device} ({runner.dtype}), "
@@ -147,8 +173,11 @@ class TritonPythonModel:
                     pb_utils.InferenceResponse(error=error), flags=FINAL
                 )
                 continue
-            self.engine.submit(params, _ResponseSink(request, params, self.logger))
+            names = frozenset(request.requested_output_names())
+            triton_request = _Request(request, request.get_response_sender(), params, names)
+            self.engine.submit(params, self.writer.outbox(triton_request))
         return None
 
     def finalize(self) -> None:
-        self.engine.stop()
+        self.engine.stop()  # every request in flight gets its final error in its outbox
+        self.writer.stop()  # which the writer sends, with the last stats, before it ends

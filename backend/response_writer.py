@@ -1,0 +1,217 @@
+"""One thread that sends the engine's outputs to Triton, so that the engine thread never waits on
+a response, a cancellation check or a metric (docs/design.md, "Streaming").
+
+The engine appends each step's output to the request's `Outbox` and goes on. The writer sends
+everything pending for a request as one response: while it keeps up, that is one token per
+response (a first token goes out at once, nothing waits to be merged); when the engine runs
+ahead, the tokens that piled up travel together, up to `max_tokens_per_response`. One thread,
+so a request's responses keep their order; FINAL goes with its last response, exactly once.
+
+It knows nothing of pb_utils: a `Transport` (model.py's wraps Triton's response sender) sends.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from backend.outputs import INTERNAL, StepOutput, merge_outputs
+
+logger = logging.getLogger(__name__)
+
+Request = TypeVar("Request")
+Stats = TypeVar("Stats")
+
+# Asking Triton whether a request was cancelled is an IPC round trip: at most this often per
+# request, on the writer thread. A cancelled request stops within a few steps.
+CANCEL_CHECK_INTERVAL_S = 0.02
+# Each changed metric is an IPC round trip too: the latest stats go out at most this often (the
+# engine publishes them every iteration, idle ones included, so the last snapshot follows).
+STATS_INTERVAL_S = 0.05
+
+
+class Transport(Protocol[Request]):
+    """How responses reach the client of a `Request` (Triton's InferenceRequest in model.py)."""
+
+    def send(self, request: Request, output: StepOutput, final: bool) -> None: ...
+
+    def send_error(self, request: Request, message: str, kind: str) -> None:
+        """The final response, as an error of `kind` (see `backend.engine`)."""
+
+    def is_cancelled(self, request: Request) -> bool: ...
+
+
+@dataclass(frozen=True)
+class _Error:
+    message: str
+    kind: str
+
+
+class Outbox(Generic[Request]):
+    """One request's outputs on their way out; the engine's sink for that request.
+
+    `send` and `send_error` only append (engine thread); `is_cancelled` reads a flag the writer
+    sets from Triton's answer, so the engine may ask every step for free.
+    """
+
+    def __init__(self, request: Request, ready: queue.SimpleQueue[object]) -> None:
+        self.request = request
+        self._ready = ready
+        self._lock = threading.Lock()
+        self._pending: list[StepOutput | _Error] = []
+        self._queued = False
+        self.cancelled = False
+        self.closed = False
+        """FINAL was sent (writer thread only)."""
+        self.checked_at = time.monotonic()
+        """When Triton was last asked whether the request was cancelled."""
+
+    def send(self, output: StepOutput) -> None:
+        self._put(output)
+
+    def send_error(self, message: str, *, kind: str = INTERNAL) -> None:
+        self._put(_Error(message, kind))
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+    def _put(self, item: StepOutput | _Error) -> None:
+        with self._lock:
+            self._pending.append(item)
+            wake = not self._queued
+            self._queued = True
+        if wake:
+            self._ready.put(self)
+
+    def take(self) -> list[StepOutput | _Error]:
+        """Everything pending, in order (writer thread)."""
+        with self._lock:
+            items, self._pending = self._pending, []
+            self._queued = False
+        return items
+
+
+_STOP = object()
+_STATS = object()
+
+
+class ResponseWriter(Generic[Request, Stats]):
+    """The writer thread of one model instance. `publish_stats` hands it the engine's latest
+    stats snapshot, which it passes to `on_stats` (Triton's metrics API) when it has time."""
+
+    def __init__(
+        self,
+        transport: Transport[Request],
+        *,
+        max_tokens_per_response: int = 0,
+        on_stats: Callable[[Stats], None] | None = None,
+    ) -> None:
+        """`max_tokens_per_response` 0: no cap."""
+        self._transport = transport
+        self._cap = max_tokens_per_response
+        self._on_stats = on_stats
+        self._ready: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._stats: Stats | None = None
+        self._stats_queued = False
+        self._stats_lock = threading.Lock()
+        self._stats_sent_at = 0.0
+        self._thread: threading.Thread | None = None
+        self.responses_sent = 0
+        self.tokens_sent = 0
+
+    def outbox(self, request: Request) -> Outbox[Request]:
+        return Outbox(request, self._ready)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="llm-writer", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Sends what is pending (the engine stopped first), then ends the thread."""
+        self._ready.put(_STOP)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def publish_stats(self, stats: Stats) -> None:
+        """Any thread; only the latest snapshot is kept."""
+        with self._stats_lock:
+            self._stats = stats
+            wake = not self._stats_queued
+            self._stats_queued = True
+        if wake:
+            self._ready.put(_STATS)
+
+    def _run(self) -> None:
+        while True:
+            item = self._ready.get()
+            if item is _STOP:
+                self._flush_stats(force=True)
+                return
+            try:
+                if item is _STATS:
+                    self._flush_stats()
+                else:
+                    assert isinstance(item, Outbox)
+                    self._flush(item)
+            except Exception:  # a bug here must not silence every stream
+                logger.exception("the response writer failed on one item")
+
+    def _flush_stats(self, force: bool = False) -> None:
+        now = time.monotonic()
+        with self._stats_lock:
+            self._stats_queued = False
+            if not force and now - self._stats_sent_at < STATS_INTERVAL_S:
+                return  # kept: the engine's next publish wakes the writer again
+            stats, self._stats = self._stats, None
+        self._stats_sent_at = now
+        if stats is not None and self._on_stats is not None:
+            self._on_stats(stats)
+
+    def _flush(self, box: Outbox[Request]) -> None:
+        items = box.take()
+        if box.closed:
+            return
+        self._poll_cancelled(box)
+        # The data before an error goes out first; nothing after the end does.
+        end = next((i for i, item in enumerate(items) if isinstance(item, _Error)), len(items))
+        outputs = [item for item in items[:end] if isinstance(item, StepOutput)]
+        for chunk in self._chunks(outputs):
+            merged = merge_outputs(chunk)
+            final = merged.finish_reason is not None
+            self._transport.send(box.request, merged, final)
+            self.responses_sent += 1
+            self.tokens_sent += len(merged.token_ids)
+            if final:
+                box.closed = True
+                return
+        error = items[end] if end < len(items) else None
+        if isinstance(error, _Error):
+            self._transport.send_error(box.request, error.message, error.kind)
+            box.closed = True
+
+    def _chunks(self, outputs: list[StepOutput]) -> list[list[StepOutput]]:
+        if not outputs:
+            return []
+        if not self._cap:
+            return [outputs]
+        chunks: list[list[StepOutput]] = [[]]
+        tokens = 0
+        for out in outputs:
+            if chunks[-1] and tokens + len(out.token_ids) > self._cap:
+                chunks.append([])
+                tokens = 0
+            chunks[-1].append(out)
+            tokens += len(out.token_ids)
+        return chunks
+
+    def _poll_cancelled(self, box: Outbox[Request]) -> None:
+        now = time.monotonic()
+        if box.cancelled or now - box.checked_at < CANCEL_CHECK_INTERVAL_S:
+            return
+        box.checked_at = now
+        box.cancelled = self._transport.is_cancelled(box.request)

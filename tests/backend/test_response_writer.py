@@ -1,0 +1,214 @@
+"""The response writer with a fake transport: one response per token while it keeps up, merged
+responses for a slow consumer, order, one FINAL under errors and cancellation, the cap, stats."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from backend import response_writer
+from backend.outputs import CANCELLED, PromptLogprobs, StepOutput, merge_outputs
+from backend.response_writer import ResponseWriter
+
+WAIT_S = 60.0
+PROMPT = PromptLogprobs(
+    ids=[1, 2, 3],
+    token_bytes=[b"a", b"b", b"c"],
+    logprobs=np.zeros(2, np.float32),
+    top_ids=np.zeros((2, 0), np.int32),
+    top_logprobs=np.zeros((2, 0), np.float32),
+    top_bytes=[],
+    token_id_logprobs=np.zeros((2, 0), np.float32),
+    token_id_bytes=[],
+)
+
+
+def step(i: int, *, final: bool = False, first: bool = False) -> StepOutput:
+    """Token i: id i, text "t{i}", logprob -i, top-1 (i + 100), explicit ids 7 and 8."""
+    return StepOutput(
+        token_ids=[i],
+        text=f"t{i}",
+        token_bytes=[f"t{i}".encode()],
+        logprobs=np.array([-i], np.float32),
+        top_ids=np.array([[i + 100]], np.int32),
+        top_logprobs=np.array([[-0.5 * i]], np.float32),
+        top_bytes=[b"top"],
+        token_id_logprobs=np.array([[-7.0 - i, -8.0 - i]], np.float32),
+        token_id_bytes=[b"7", b"8"] if first else [],
+        finish_reason="length" if final else None,
+        prompt_tokens=3,
+        completion_tokens=i,
+        prompt=PROMPT if first else None,
+    )
+
+
+class FakeTransport:
+    """Records (request, output, final) and errors; `gate`, when set, holds every send until
+    it opens; `cancelled` is what Triton would answer."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, StepOutput | str, bool]] = []
+        self.gate: threading.Event | None = None
+        self.entered = threading.Semaphore(0)
+        self.changed = threading.Condition()
+        self.cancelled: set[str] = set()
+        self.cancel_checks = 0
+
+    def _record(self, item: tuple[str, StepOutput | str, bool]) -> None:
+        self.entered.release()
+        if self.gate is not None:
+            assert self.gate.wait(WAIT_S)
+        with self.changed:
+            self.sent.append(item)
+            self.changed.notify_all()
+
+    def send(self, request: str, output: StepOutput, final: bool) -> None:
+        self._record((request, output, final))
+
+    def send_error(self, request: str, message: str, kind: str) -> None:
+        self._record((request, f"{kind}: {message}", True))
+
+    def is_cancelled(self, request: str) -> bool:
+        self.cancel_checks += 1
+        return request in self.cancelled
+
+    def wait_for(self, count: int) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: len(self.sent) >= count, WAIT_S), self.sent
+
+
+@pytest.fixture
+def transport() -> FakeTransport:
+    return FakeTransport()
+
+
+@pytest.fixture
+def writer(transport: FakeTransport) -> Iterator[ResponseWriter[str, int]]:
+    writer: ResponseWriter[str, int] = ResponseWriter(transport)
+    writer.start()
+    yield writer
+    writer.stop()
+
+
+def test_a_writer_that_keeps_up_sends_one_response_per_token(
+    writer: ResponseWriter[str, int], transport: FakeTransport
+) -> None:
+    box = writer.outbox("r")
+    for i in range(1, 4):
+        box.send(step(i, final=i == 3, first=i == 1))
+        transport.wait_for(i)  # sent before the next token exists: nothing waits to merge
+    sent = [(getattr(out, "token_ids", out), final) for _, out, final in transport.sent]
+    assert sent == [([1], False), ([2], False), ([3], True)]
+
+
+def test_a_slow_consumer_gets_fewer_responses_with_the_same_tokens(
+    writer: ResponseWriter[str, int], transport: FakeTransport
+) -> None:
+    transport.gate = threading.Event()
+    box = writer.outbox("r")
+    outputs = [step(i, final=i == 6, first=i == 1) for i in range(1, 7)]
+    box.send(outputs[0])
+    assert transport.entered.acquire(timeout=WAIT_S)  # the first send is in progress, held
+    for out in outputs[1:]:
+        box.send(out)  # the engine runs ahead of the writer
+    transport.gate.set()
+    transport.wait_for(2)
+    writer.stop()
+    [(_, first, first_final), (_, rest, rest_final)] = transport.sent
+    assert isinstance(first, StepOutput) and isinstance(rest, StepOutput)
+    assert (first.token_ids, first_final) == ([1], False)
+    assert (rest.token_ids, rest_final) == ([2, 3, 4, 5, 6], True)
+    assert rest.text == "t2t3t4t5t6" and rest.finish_reason == "length"
+    assert rest.completion_tokens == 6 and rest.token_id_bytes == [] and rest.prompt is None
+    expected = merge_outputs(outputs[1:])
+    for name in ("logprobs", "top_ids", "top_logprobs", "token_id_logprobs"):
+        assert np.array_equal(getattr(rest, name), getattr(expected, name)), name
+    assert rest.token_id_logprobs.shape == (5, 2) and rest.top_ids.shape == (5, 1)
+    assert writer.responses_sent == 2 and writer.tokens_sent == 6
+
+
+def test_merge_keeps_the_first_responses_once_only_fields() -> None:
+    merged = merge_outputs([step(1, first=True), step(2), step(3, final=True)])
+    assert merged.token_ids == [1, 2, 3] and merged.text == "t1t2t3"
+    assert merged.token_bytes == [b"t1", b"t2", b"t3"] and merged.top_bytes == [b"top"] * 3
+    assert merged.logprobs.tolist() == [-1, -2, -3]
+    assert merged.token_id_bytes == [b"7", b"8"]
+    assert merged.prompt is not None and merged.prompt.ids == [1, 2, 3]
+    assert (merged.finish_reason, merged.completion_tokens) == ("length", 3)
+
+
+def test_data_then_an_error_is_one_final_and_nothing_after_it(
+    writer: ResponseWriter[str, int], transport: FakeTransport
+) -> None:
+    transport.gate = threading.Event()
+    box = writer.outbox("r")
+    box.send(step(1, first=True))
+    assert transport.entered.acquire(timeout=WAIT_S)
+    box.send(step(2))
+    box.send_error("the request was cancelled", kind=CANCELLED)
+    box.send(step(3, final=True))  # after the end: dropped
+    transport.gate.set()
+    writer.stop()
+    sent = [(getattr(out, "token_ids", out), final) for _, out, final in transport.sent]
+    assert sent == [([1], False), ([2], False), ("cancelled: the request was cancelled", True)]
+
+
+def test_requests_keep_their_own_order(
+    writer: ResponseWriter[str, int], transport: FakeTransport
+) -> None:
+    boxes = {name: writer.outbox(name) for name in "abc"}
+    for i in range(1, 6):
+        for box in boxes.values():
+            box.send(step(i, final=i == 5))
+    writer.stop()
+    for name in "abc":
+        mine = [(out, final) for r, out, final in transport.sent if r == name]
+        tokens = [t for out, _ in mine for t in getattr(out, "token_ids", [])]
+        assert tokens == [1, 2, 3, 4, 5]
+        assert [final for _, final in mine] == [False] * (len(mine) - 1) + [True]
+
+
+def test_the_cap_splits_what_piled_up(transport: FakeTransport) -> None:
+    writer: ResponseWriter[str, int] = ResponseWriter(transport, max_tokens_per_response=2)
+    writer.start()
+    transport.gate = threading.Event()
+    box = writer.outbox("r")
+    box.send(step(1))
+    assert transport.entered.acquire(timeout=WAIT_S)
+    for i in range(2, 7):
+        box.send(step(i, final=i == 6))
+    transport.gate.set()
+    writer.stop()
+    sizes = [getattr(out, "token_ids", out) for _, out, _ in transport.sent]
+    assert sizes == [[1], [2, 3], [4, 5], [6]]
+    assert [final for _, _, final in transport.sent] == [False, False, False, True]
+
+
+def test_cancellation_is_read_from_triton_on_the_writer_thread(
+    writer: ResponseWriter[str, int], transport: FakeTransport, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(response_writer, "CANCEL_CHECK_INTERVAL_S", 0.0)
+    box = writer.outbox("r")
+    box.send(step(1))
+    transport.wait_for(1)
+    assert not box.is_cancelled() and transport.cancel_checks == 1
+    transport.cancelled.add("r")
+    box.send(step(2))
+    transport.wait_for(2)
+    assert box.is_cancelled()  # the engine's next step reads this flag: no IPC of its own
+
+
+def test_the_latest_stats_reach_the_metrics_and_stop_flushes_them(
+    transport: FakeTransport,
+) -> None:
+    published: list[int] = []
+    writer: ResponseWriter[str, int] = ResponseWriter(transport, on_stats=published.append)
+    writer.start()
+    for value in range(1, 50):
+        writer.publish_stats(value)
+    writer.stop()
+    assert published and published[-1] == 49
+    assert published == sorted(published)  # snapshots in order, stale ones skipped

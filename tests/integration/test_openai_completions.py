@@ -188,8 +188,13 @@ def test_sse_lines_and_sdk_parsing(http: httpx.Client) -> None:
         assert response.headers["content-type"].startswith("text/event-stream")
         events = sse_events(list(response.iter_lines()))
     chunks = events[:-1]
-    assert len(chunks) == 5
-    assert all(len(c["choices"][0]["logprobs"]["tokens"]) == 1 for c in chunks)
+    # A chunk carries every token Triton merged into one response: one or more.
+    tokens = [c["choices"][0]["logprobs"]["tokens"] for c in chunks]
+    assert all(tokens) and sum(map(len, tokens)) == 5
+    for chunk in chunks:
+        logprobs = chunk["choices"][0]["logprobs"]
+        assert len(logprobs["token_logprobs"]) == len(logprobs["tokens"])
+        assert len(logprobs["text_offset"]) == len(logprobs["tokens"])
     last = Completion.model_validate(chunks[-1])  # finish_reason is set: strict parse works
     assert last.choices[0].finish_reason == "length"
 

@@ -99,7 +99,9 @@ class ResponseSender:
     react to the n-th response at exactly that point (e.g. cancel the request).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, is_cancelled: Callable[[], bool] = lambda: False) -> None:
+        """`is_cancelled`: the request's cancel flag, which Triton's sender answers too."""
+        self.is_cancelled = is_cancelled
         self.sent: list[tuple[InferenceResponse | None, int]] = []
         self.final = threading.Event()
         self.on_send: Callable[[InferenceResponse | None, int], None] | None = None
@@ -139,7 +141,7 @@ class FakeRequest:
         self._inputs = [Tensor(name, array) for name, array in inputs.items()]
         self._request_id = request_id
         self.cancelled = cancelled
-        self.sender = ResponseSender()
+        self.sender = ResponseSender(lambda: self.cancelled)
         self._requested = set(requested_outputs)
 
     def inputs(self) -> list[Tensor]:

@@ -33,9 +33,9 @@ def _error_code(kind: str) -> int:
 
 @dataclass
 class _Request:
-    triton: object
-    """Triton's InferenceRequest; dropped after FINAL so that Triton can release it."""
     sender: object
+    """Triton's response sender (None after FINAL): sends, and answers `is_cancelled`, which
+    python_backend documents for decoupled models once `execute` has returned."""
     params: GenerationParams
     output_names: frozenset[str]
     """What the client asked for (all outputs when it named none): only these are built."""
@@ -57,7 +57,7 @@ class _TritonTransport:
         self._send(request, pb_utils.InferenceResponse(error=error), True)
 
     def is_cancelled(self, request: _Request) -> bool:
-        return request.triton is not None and request.triton.is_cancelled()
+        return request.sender is not None and request.sender.is_cancelled()
 
     def _send(self, request: _Request, response, final: bool) -> None:
         sender = request.sender
@@ -75,7 +75,7 @@ class _TritonTransport:
                         f"request {request.params.request_id}: FINAL failed: {again}"
                     )
         if final:
-            request.triton = request.sender = None
+            request.sender = None
 
 
 class _Metrics:
@@ -174,7 +174,7 @@ class TritonPythonModel:
                 )
                 continue
             names = frozenset(request.requested_output_names())
-            triton_request = _Request(request, request.get_response_sender(), params, names)
+            triton_request = _Request(request.get_response_sender(), params, names)
             self.engine.submit(params, self.writer.outbox(triton_request))
         return None
 

@@ -1,12 +1,13 @@
 """An asyncio load generator: N streaming requests at concurrency C against one target.
 
-Targets are pluggable: Triton's `llm` over a gRPC stream (`TritonTarget`) and any OpenAI
-`/v1/completions` server that streams server-sent events (`OpenAICompletionsTarget`: the adapter,
-or `transformers serve`). Each request records when it was sent, when its first token arrived,
-when it ended and how many tokens it produced, so time to first token (TTFT), time per output
-token (TPOT) and aggregate throughput come from the same numbers for every target. Everything is
-bounded: a fixed list of requests, a deadline per request and one for the whole run; URLs are
-meant to be loopback and proxies from the environment are ignored.
+Targets are pluggable: Triton's `llm` over a gRPC stream (`TritonTarget`), any OpenAI
+completions or chat server that streams server-sent events (`OpenAITarget`: the adapter, or
+`transformers serve`), and the engine alone (`bench.engine_alone`). Each request records when
+it was sent, when its first token arrived, when it ended and how many tokens it produced, so
+time to first token (TTFT), time per output token (TPOT) and aggregate throughput come from the
+same numbers for every target. Everything is bounded: a fixed list of requests, a deadline per
+request and one for the whole run; URLs are meant to be loopback and proxies from the
+environment are ignored.
 """
 
 from __future__ import annotations
@@ -209,13 +210,15 @@ class TritonTarget:
             self._client = None
 
 
-class OpenAICompletionsTarget:
-    """POST /v1/completions with `stream: true`, greedy, `max_tokens` per request.
+class OpenAITarget:
+    """POST /v1/completions (or /v1/chat/completions with `chat`) with `stream: true`, greedy,
+    `max_tokens` per request.
 
-    `token_ids` sends the prompt as token ids (our adapter), else as text (`transformers serve`
-    accepts strings only). `extra` is merged into every body (`ignore_eos`, `stream_options`).
-    The token count is the final usage's `completion_tokens` when the server sends it, else the
-    number of chunks that carry a token.
+    `token_ids` sends the completion prompt as token ids (our adapter), else as text
+    (`transformers serve` accepts strings only); a chat request sends the text as one user
+    message. `extra` is merged into every body (`ignore_eos`, `stream_options`). The token count
+    is the final usage's `completion_tokens` when the server sends it, else the number of
+    chunks that carry text.
     """
 
     def __init__(
@@ -224,14 +227,16 @@ class OpenAICompletionsTarget:
         model: str,
         name: str,
         *,
-        token_ids: bool,
+        chat: bool = False,
+        token_ids: bool = False,
         extra: Mapping[str, Any] | None = None,
         concurrency: int = 16,
         timeout_s: float = 300.0,
     ) -> None:
         self.name = name
         self._model = model
-        self._token_ids = token_ids
+        self._chat = chat
+        self._token_ids = token_ids and not chat
         self._extra = dict(extra or {})
         self._client = httpx.AsyncClient(
             base_url=base_url,
@@ -240,19 +245,32 @@ class OpenAICompletionsTarget:
             trust_env=False,
         )
 
+    @property
+    def _path(self) -> str:
+        return "/v1/chat/completions" if self._chat else "/v1/completions"
+
     def _body(self, spec: RequestSpec) -> dict[str, Any]:
+        if self._chat:
+            prompt: dict[str, Any] = {"messages": [{"role": "user", "content": spec.prompt_text}]}
+        else:
+            prompt = {"prompt": list(spec.prompt_ids) if self._token_ids else spec.prompt_text}
         return {
             "model": self._model,
-            "prompt": list(spec.prompt_ids) if self._token_ids else spec.prompt_text,
+            **prompt,
             "max_tokens": spec.max_tokens,
             "temperature": 0,
             "stream": True,
             **self._extra,
         }
 
+    def _text(self, choice: Mapping[str, Any]) -> str | None:
+        if self._chat:
+            return (choice.get("delta") or {}).get("content")
+        return choice.get("text")
+
     async def generate(self, spec: RequestSpec, first_token: FirstToken) -> int:
         chunks, usage = 0, None
-        async with self._client.stream("POST", "/v1/completions", json=self._body(spec)) as reply:
+        async with self._client.stream("POST", self._path, json=self._body(spec)) as reply:
             if reply.status_code != 200:
                 raise RuntimeError(f"HTTP {reply.status_code}: {(await reply.aread())[:300]!r}")
             async for line in reply.aiter_lines():
@@ -266,8 +284,11 @@ class OpenAICompletionsTarget:
                     raise RuntimeError(f"stream error: {chunk['error']}")
                 usage = chunk.get("usage") or usage
                 for choice in chunk.get("choices") or ():
-                    # A chunk that only carries the finish reason is not a token.
-                    if choice.get("text") or choice.get("finish_reason") is None:
+                    # A chunk that only carries a role or the finish reason is not a token; a
+                    # completion chunk may be one whose text is held back (part of a character).
+                    if self._text(choice) or (
+                        not self._chat and choice.get("finish_reason") is None
+                    ):
                         if not chunks:
                             first_token()
                         chunks += 1

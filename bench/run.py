@@ -1,12 +1,13 @@
 """`python -m bench.run`: our stack and `transformers serve` under the same load, side by side.
 
 Starts everything it measures on free loopback ports and stops it again (also on Ctrl-C,
-SIGTERM and errors): tritonserver with the `llm` model, the OpenAI adapter in front of it, then
-`transformers serve` on the same model folder in its plain mode and with
-`--continuous-batching`, one at a time so no idle server shares the CPU with the one measured.
-Every scenario gets the same fixed mix of prompt and output lengths, after a short warm-up.
-Prints one table and the ratios against the goals; `--results` appends them to
-bench/RESULTS.md.
+SIGTERM and errors), one at a time so no idle server shares the CPU with the one measured: the
+engine alone in this process, tritonserver with the `llm` model (gRPC), the OpenAI adapter in
+front of it (completions and chat), then `transformers serve` on the same model folder in its
+plain mode and with `--continuous-batching` (completions and chat). Each runs at every
+concurrency of the sweep on the same fixed mix of prompt and output lengths, after a short
+warm-up. Prints one table and the ratios against the goals; `--results` appends them to
+bench/RESULTS.md and `--plot` draws tok/s and p50 TTFT against concurrency.
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ import httpx
 from backend import default_model
 from backend.repository import write_repository
 from backend.tritonserver import TritonServer, free_port
+from bench.engine_alone import EngineTarget
 from bench.environment import OthersCpu, describe_machine, wait_until_quiet
 from bench.loadgen import (
     OUTPUT_LENGTHS,
     PROMPT_LENGTHS,
-    OpenAICompletionsTarget,
+    OpenAITarget,
     RequestSpec,
     Summary,
     Target,
@@ -44,14 +46,18 @@ from bench.loadgen import (
     make_workload,
     run_load,
 )
+from bench.plot import plot
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXPLICIT_IDS = 1024
+ENGINE = "ours: engine alone"
 GRPC = "ours: Triton gRPC (llm)"
 GRPC_EXPLICIT = f"ours: Triton gRPC + {EXPLICIT_IDS} ids"
-ADAPTER = "ours: adapter (OpenAI SSE)"
+ADAPTER = "ours: adapter completions"
+ADAPTER_CHAT = "ours: adapter chat"
 PEER = "transformers serve"
+REFERENCE_CONCURRENCY = 16  # where the goals are set
 WARMUP_TOKENS = 8
 NOISY = 0.1  # others' CPU share above which a run is flagged
 
@@ -121,7 +127,8 @@ class ServerProcess:
 
 @dataclass(frozen=True)
 class Plan:
-    """How many requests at which concurrency; the largest concurrency is the 'load' one."""
+    """How many requests at which concurrency. The engine gets a slot for each request of the
+    largest concurrency; the goals are read at `reference` (16 when swept)."""
 
     concurrencies: tuple[int, ...]
     requests: int
@@ -131,11 +138,20 @@ class Plan:
     attempts: int
 
     @property
-    def load(self) -> int:
+    def max_num_seqs(self) -> int:
         return max(self.concurrencies)
 
+    @property
+    def reference(self) -> int:
+        if REFERENCE_CONCURRENCY in self.concurrencies:
+            return REFERENCE_CONCURRENCY
+        return self.max_num_seqs
+
     def count(self, concurrency: int) -> int:
-        return self.serial_requests if concurrency == 1 else self.requests
+        """At least two rounds of `concurrency` requests, so a run is not all ramp."""
+        if concurrency == 1:
+            return self.serial_requests
+        return max(self.requests, 2 * concurrency)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -148,8 +164,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--concurrency",
         type=int,
         nargs="+",
-        default=[1, 16],
-        help="concurrencies of the gRPC runs; the largest is used for every other scenario",
+        default=[1, 4, 16, 64],
+        help="concurrencies every scenario runs at; the largest is the engine's max_num_seqs",
     )
     parser.add_argument(
         "--model",
@@ -177,6 +193,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="measured runs per scenario at most; the first quiet one is kept",
     )
     parser.add_argument("--no-peer", action="store_true", help="skip the `transformers serve` runs")
+    parser.add_argument("--no-chat", action="store_true", help="skip the chat endpoint runs")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="PNG",
+        help="draw output tok/s and p50 TTFT against concurrency into this file",
+    )
     parser.add_argument(
         "--results",
         action="store_true",
@@ -188,7 +212,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def make_plan(args: argparse.Namespace) -> Plan:
     concurrencies = tuple(sorted(set(args.concurrency)))
     if args.quick:
-        return Plan(concurrencies, 16, 3, (4, 8, 16), 0.0, 1)
+        return Plan(concurrencies, 8, 3, (4, 8, 16), 0.0, 1)
     return Plan(
         concurrencies,
         args.requests,
@@ -263,39 +287,68 @@ def peer_command(model: Path, port: int, continuous_batching: bool) -> list[str]
     return [*command, "--continuous-batching"] if continuous_batching else command
 
 
+def run_engine_alone(model: Path, plan: Plan, specs: dict[int, list[RequestSpec]]) -> list[Summary]:
+    """The same requests straight into `backend.engine.Engine`, in this process."""
+    target = EngineTarget(model, plan.max_num_seqs, name=ENGINE)
+    try:
+        return [asyncio.run(measure(target, specs[c], c, plan)) for c in plan.concurrencies]
+    finally:
+        target.stop()
+
+
+def adapter_target(base_url: str, chat: bool, concurrency: int) -> OpenAITarget:
+    return OpenAITarget(
+        base_url,
+        "bench",
+        ADAPTER_CHAT if chat else ADAPTER,
+        chat=chat,
+        token_ids=True,
+        extra={"ignore_eos": True, "stream_options": {"include_usage": True}},
+        concurrency=concurrency,
+    )
+
+
 def run_ours(
-    model: Path, plan: Plan, specs: dict[int, list[RequestSpec]], tmp: Path, vocab_size: int
+    model: Path,
+    plan: Plan,
+    specs: dict[int, list[RequestSpec]],
+    tmp: Path,
+    vocab_size: int,
+    chat: bool,
 ) -> list[Summary]:
-    """gRPC at every concurrency, the explicit ids and the adapter at the load concurrency."""
-    repository = write_repository(tmp / "model_repository", model, {"max_num_seqs": str(plan.load)})
+    """gRPC at every concurrency, the explicit ids at the reference one, then the adapter."""
+    repository = write_repository(
+        tmp / "model_repository", model, {"max_num_seqs": str(plan.max_num_seqs)}
+    )
     server = TritonServer(
         repository, http_port=0, grpc_port=0, metrics_port=0, log_path=tmp / "tritonserver.log"
     )
     summaries = []
-    c, load_specs = plan.load, specs[plan.load]
+    c = plan.reference
     with server:
         for concurrency in plan.concurrencies:
             target = TritonTarget(server.grpc_url, name=GRPC)
             summaries.append(asyncio.run(measure(target, specs[concurrency], concurrency, plan)))
         ids = explicit_ids(vocab_size)
         target = TritonTarget(server.grpc_url, logprob_token_ids=ids, name=GRPC_EXPLICIT)
-        summaries.append(asyncio.run(measure(target, load_specs, c, plan)))
+        summaries.append(asyncio.run(measure(target, specs[c], c, plan)))
         port = free_port()
         health = f"http://127.0.0.1:{port}/health/ready"
         with ServerProcess(adapter_command(port, server.grpc_url), health, tmp / "adapter.log"):
-            target = OpenAICompletionsTarget(
-                f"http://127.0.0.1:{port}",
-                "bench",
-                ADAPTER,
-                token_ids=True,
-                extra={"ignore_eos": True, "stream_options": {"include_usage": True}},
-                concurrency=c,
-            )
-            summaries.append(asyncio.run(measure(target, load_specs, c, plan)))
+            for endpoint_is_chat in (False, True) if chat else (False,):
+                for concurrency in plan.concurrencies:
+                    target = adapter_target(
+                        f"http://127.0.0.1:{port}", endpoint_is_chat, concurrency
+                    )
+                    summaries.append(
+                        asyncio.run(measure(target, specs[concurrency], concurrency, plan))
+                    )
     return summaries
 
 
-def run_peer(model: Path, plan: Plan, specs: list[RequestSpec], tmp: Path) -> list[Summary]:
+def run_peer(
+    model: Path, plan: Plan, specs: dict[int, list[RequestSpec]], tmp: Path, chat: bool
+) -> list[Summary]:
     """`transformers serve` in both modes, text prompts, usage counted (it has no ignore_eos)."""
     summaries = []
     for continuous_batching in (False, True):
@@ -303,14 +356,19 @@ def run_peer(model: Path, plan: Plan, specs: list[RequestSpec], tmp: Path) -> li
         port = free_port()
         command = peer_command(model, port, continuous_batching)
         with ServerProcess(command, f"http://127.0.0.1:{port}/health", tmp / f"peer-{mode}.log"):
-            target = OpenAICompletionsTarget(
-                f"http://127.0.0.1:{port}",
-                str(model),
-                f"{PEER} ({mode})",
-                token_ids=False,
-                concurrency=plan.load,
-            )
-            summaries.append(asyncio.run(measure(target, specs, plan.load, plan)))
+            for endpoint_is_chat in (False, True) if chat else (False,):
+                endpoint = "chat" if endpoint_is_chat else "completions"
+                for concurrency in plan.concurrencies:
+                    target = OpenAITarget(
+                        f"http://127.0.0.1:{port}",
+                        str(model),
+                        f"{PEER} ({mode}) {endpoint}",
+                        chat=endpoint_is_chat,
+                        concurrency=concurrency,
+                    )
+                    summaries.append(
+                        asyncio.run(measure(target, specs[concurrency], concurrency, plan))
+                    )
     return summaries
 
 
@@ -365,32 +423,36 @@ def throughput(summary: Summary) -> float:
 
 
 def ratios(plan: Plan, summaries: Sequence[Summary]) -> list[Ratio]:
-    """The goals of the issue, for whichever scenarios ran."""
+    """The goals of the streaming issue, for whichever scenarios ran."""
     by_name = {(s.target, s.concurrency): s for s in summaries}
-    c = plan.load
-    grpc, serial = by_name.get((GRPC, c)), by_name.get((GRPC, 1))
-    adapter, explicit = by_name.get((ADAPTER, c)), by_name.get((GRPC_EXPLICIT, c))
-    peers = [s for s in summaries if s.target.startswith(PEER)]
+    c = plan.reference
     out: list[Ratio] = []
-    if grpc and serial:
-        what = f"gRPC output tok/s, C={c} / C=1"
-        out.append(Ratio.of(what, throughput(grpc), throughput(serial), True, 8, grpc, serial))
-    if peers:
+    for concurrency in sorted({1, c}):
+        grpc, engine = by_name.get((GRPC, concurrency)), by_name.get((ENGINE, concurrency))
+        if grpc and engine:
+            what = f"gRPC / engine alone, output tok/s, C={concurrency}"
+            out.append(
+                Ratio.of(what, throughput(grpc), throughput(engine), True, 0.75, grpc, engine)
+            )
+    for ours_name, endpoint in ((ADAPTER, "completions"), (ADAPTER_CHAT, "chat")):
+        ours = by_name.get((ours_name, c))
+        peers = [
+            s
+            for s in summaries
+            if s.target.startswith(PEER) and s.target.endswith(endpoint) and s.concurrency == c
+        ]
+        if ours is None or not peers:
+            continue
         best = max(peers, key=throughput)
-        for ours in (s for s in (adapter, grpc) if s is not None):
-            what = f"{ours.target} / {best.target}"
-            out += [
-                Ratio.of(
-                    f"{what}, output tok/s",
-                    throughput(ours),
-                    throughput(best),
-                    True,
-                    1.5,
-                    ours,
-                    best,
-                ),
-                Ratio.of(f"{what}, TTFT p50", ours.ttft_p50, best.ttft_p50, False, 1, ours, best),
-            ]
+        what = f"{ours.target} / {best.target}, C={c}"
+        out += [
+            Ratio.of(
+                f"{what}, output tok/s", throughput(ours), throughput(best), True, 1.5, ours, best
+            ),
+            Ratio.of(f"{what}, TTFT p50", ours.ttft_p50, best.ttft_p50, False, 1, ours, best),
+        ]
+    grpc, adapter = by_name.get((GRPC, c)), by_name.get((ADAPTER, c))
+    explicit = by_name.get((GRPC_EXPLICIT, c))
     if adapter and grpc:
         what = f"adapter / gRPC output tok/s, C={c}"
         out.append(Ratio.of(what, throughput(adapter), throughput(grpc), True, 0.9, adapter, grpc))
@@ -406,7 +468,8 @@ def report(argv: Sequence[str], plan: Plan, summaries: Sequence[Summary], elapse
         f"- Command: `python -m bench.run {shlex.join(argv)}`",
         f"- Machine: {describe_machine()}",
         f"- Load: prompt lengths {prompts} x output lengths {outputs} "
-        f"tokens, cycled; greedy; {plan.requests} requests at C>1, {plan.serial_requests} at C=1; "
+        f"tokens, cycled; greedy; max(2C, {plan.requests}) requests at C>1, "
+        f"{plan.serial_requests} at C=1; max_num_seqs {plan.max_num_seqs}; "
         f"each scenario warmed up, then measured up to {plan.attempts} times (each after waiting "
         f"up to {plan.quiet_wait_s:.0f} s for a quiet machine), keeping the first run in which "
         f"others used <= {100 * NOISY:.0f}% of the CPUs, else the least disturbed; "
@@ -427,6 +490,14 @@ def report(argv: Sequence[str], plan: Plan, summaries: Sequence[Summary], elapse
     return "\n".join(lines)
 
 
+def _link(path: Path) -> str:
+    """The plot's path as RESULTS.md links it."""
+    path = path.resolve()
+    return (
+        str(path.relative_to(RESULTS.parent)) if path.is_relative_to(RESULTS.parent) else str(path)
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -443,15 +514,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         for c in plan.concurrencies
     }
     print(f"model {model} (vocabulary {vocab_size}); {plan}", flush=True)
+    chat = not args.no_chat
     try:
         with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-            summaries = run_ours(model, plan, specs, Path(tmp), vocab_size)
+            summaries = run_engine_alone(model, plan, specs)
+            summaries += run_ours(model, plan, specs, Path(tmp), vocab_size, chat)
             if not args.no_peer:
-                summaries += run_peer(model, plan, specs[plan.load], Path(tmp))
+                summaries += run_peer(model, plan, specs, Path(tmp), chat)
     except KeyboardInterrupt:
         print("interrupted; every server it started has been stopped", file=sys.stderr)
         return 130
     text = report(argv, plan, summaries, time.monotonic() - started)
+    if args.plot is not None:
+        plot(summaries, args.plot)
+        text += f"\n\n![output tok/s and p50 TTFT against concurrency]({_link(args.plot)})"
     print("\n" + text)
     if args.results:
         stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")

@@ -1,0 +1,118 @@
+"""`python -m bench.profile_llm`: where the `llm` stub's time goes under load (py-spy).
+
+Starts tritonserver with the `llm` model, keeps C streams busy with the benchmark's workload
+(`bench.loadgen.TritonTarget`), samples the stub process with `py-spy record` meanwhile, and
+prints the share of samples in which each thread, and each function of ours or of pb_utils, was
+on the stack. Samples are taken with `--gil`: only the thread holding the GIL counts, which is
+what bounds a Python stub.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import psutil
+
+from backend import default_model
+from backend.repository import write_repository
+from backend.tritonserver import TritonServer
+from bench.loadgen import TritonTarget, make_workload, run_load
+
+
+def stub_pid(server_pid: int) -> int:
+    """The python_backend stub of `llm` among tritonserver's children."""
+    for child in psutil.Process(server_pid).children(recursive=True):
+        if "llm" in " ".join(child.cmdline()):
+            return child.pid
+    raise RuntimeError("no `llm` stub process under tritonserver")
+
+
+def summarise(raw: Path, top: int) -> str:
+    """Inclusive shares per thread and per frame, from py-spy's raw (collapsed) output."""
+    threads: collections.Counter[str] = collections.Counter()
+    frames: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        samples = int(count)
+        parts = stack.split(";")
+        total += samples
+        threads[parts[0]] += samples
+        for frame in set(parts[1:]):
+            frames[frame] += samples
+    lines = [f"{total} samples holding the GIL", "", "by thread:"]
+    lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in threads.most_common()]
+    lines += ["", f"top {top} frames (inclusive):"]
+    lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in frames.most_common(top)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.profile_llm", description=__doc__)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--seconds", type=int, default=20, help="how long py-spy samples")
+    parser.add_argument("--top", type=int, default=40)
+    args = parser.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    model = default_model.ensure().resolve()
+    specs = make_workload(AutoTokenizer.from_pretrained(model), 8 * args.concurrency)
+    with tempfile.TemporaryDirectory(prefix="profile-") as tmp:
+        repository = write_repository(
+            Path(tmp) / "model_repository", model, {"max_num_seqs": str(args.concurrency)}
+        )
+        server = TritonServer(repository, 0, 0, 0, log_path=Path(tmp) / "tritonserver.log")
+        with server:
+            assert server._process is not None
+            pid = stub_pid(server._process.pid)
+            stop = threading.Event()
+
+            def load() -> None:
+                async def loop() -> None:
+                    target = TritonTarget(server.grpc_url)
+                    while not stop.is_set():
+                        await run_load(target, specs, args.concurrency)
+                    await target.aclose()
+
+                asyncio.run(loop())
+
+            driver = threading.Thread(target=load)
+            driver.start()
+            raw = Path(tmp) / "llm.txt"
+            processes = {
+                "llm stub": psutil.Process(pid),
+                "tritonserver": psutil.Process(server._process.pid),
+                "load generator": psutil.Process(),
+            }
+            for process in processes.values():
+                process.cpu_percent()  # starts each process's window
+            try:
+                subprocess.run(
+                    [
+                        str(Path(sys.executable).parent / "py-spy"),
+                        "record",
+                        *("--pid", str(pid), "--duration", str(args.seconds)),
+                        *("--gil", "--threads", "--format", "raw", "--output", str(raw)),
+                    ],
+                    check=True,
+                    capture_output=True,
+                )
+                busy = {name: process.cpu_percent() for name, process in processes.items()}
+            finally:
+                stop.set()
+                driver.join()
+            print("CPU while sampled (100% = one core):")
+            print("\n".join(f"  {share:5.0f}%  {name}" for name, share in busy.items()))
+            print(summarise(raw, args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

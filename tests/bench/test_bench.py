@@ -1,0 +1,68 @@
+"""The benchmark's own logic: the engine-alone target, the goal ratios and the plot."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import replace
+from pathlib import Path
+
+from bench.engine_alone import EngineTarget
+from bench.loadgen import RequestSpec, Summary, run_load
+from bench.plot import plot
+from bench.run import ADAPTER, ENGINE, GRPC, PEER, Plan, ratios
+
+ZERO = Summary("", 1, 10, 0, 1000, 1000, 1.0, 0.05, 0.1, 0.01, 0.02, None, 0.0)
+
+
+def _run(target: str, concurrency: int, tokens_per_s: float, ttft_s: float) -> Summary:
+    return replace(
+        ZERO,
+        target=target,
+        concurrency=concurrency,
+        output_tokens=int(tokens_per_s),
+        ttft_p50=ttft_s,
+    )
+
+
+def test_the_engine_alone_generates_every_planned_token(model_dir: Path) -> None:
+    target = EngineTarget(model_dir, max_num_seqs=4)
+    try:
+        specs = [RequestSpec((1, 2, 3 + i), "", 3 + i) for i in range(6)]
+        load = asyncio.run(run_load(target, specs, concurrency=4))
+    finally:
+        target.stop()
+    assert [r.error for r in load.requests] == [None] * 6
+    assert sorted(r.tokens for r in load.requests) == [3, 4, 5, 6, 7, 8]
+    assert all(
+        r.first_token is not None and r.start <= r.first_token <= r.end for r in load.requests
+    )
+
+
+def test_ratios_divide_the_right_runs_against_the_goals() -> None:
+    plan = Plan((1, 16), 54, 9, (32,), 0.0, 1)
+    summaries = [
+        _run(ENGINE, 1, 300, 0.01),
+        _run(GRPC, 1, 240, 0.01),
+        _run(ENGINE, 16, 2000, 0.04),
+        _run(GRPC, 16, 1000, 0.05),
+        _run(ADAPTER, 16, 950, 0.06),
+        _run(f"{PEER} (plain) completions", 16, 200, 4.0),
+        _run(f"{PEER} (continuous-batching) completions", 16, 500, 0.03),
+    ]
+    found = {r.what: (r.value, r.met) for r in ratios(plan, summaries)}
+    assert found["gRPC / engine alone, output tok/s, C=1"] == (0.8, True)
+    assert found["gRPC / engine alone, output tok/s, C=16"] == (0.5, False)
+    best = f"{ADAPTER} / {PEER} (continuous-batching) completions, C=16"
+    assert found[f"{best}, output tok/s"] == (1.9, True)
+    assert math.isclose(found[f"{best}, TTFT p50"][0], 2.0) and not found[f"{best}, TTFT p50"][1]
+    assert found["adapter / gRPC output tok/s, C=16"] == (0.95, True)
+
+
+def test_the_plot_is_a_png(tmp_path: Path) -> None:
+    path = tmp_path / "sweep.png"
+    plot(
+        [_run(GRPC, c, 100 * c, 0.01 * c) for c in (1, 4, 16)] + [_run(ENGINE, 16, 2000, 0.04)],
+        path,
+    )
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000

@@ -167,7 +167,8 @@ def check_logprob_token_ids(
     generates: bool = True,
     use_beam_search: bool = False,
 ) -> None:
-    """The request-only rules of `logprob_token_ids` (DESIGN §4); server limits come later."""
+    """The request-only rules of `logprob_token_ids` (docs/design.md, "Logprob semantics");
+    server limits come later."""
     if ids is None:
         return
     param = "logprob_token_ids"

@@ -205,7 +205,8 @@ class OpenAIServing:
             )
 
     def check_top_logprobs(self, info: ModelInfo, value: int | None, parameter: str) -> None:
-        """A natural top-k count against the model's `max_logprobs` (DESIGN §4)."""
+        """A natural top-k count against the model's `max_logprobs` (docs/design.md,
+        "Logprob semantics")."""
         self.check_at_most(value, info.max_logprobs, parameter)
 
     def check_sampling_limits(
@@ -217,7 +218,8 @@ class OpenAIServing:
 
     @staticmethod
     def check_id_count(info: ModelInfo, ids: Sequence[int] | None, parameter: str) -> None:
-        """An explicit id list against the model's `max_logprob_token_ids` (DESIGN §4)."""
+        """An explicit id list against the model's `max_logprob_token_ids` (docs/design.md,
+        "Logprob semantics")."""
         if ids is not None and len(ids) > info.max_logprob_token_ids:
             raise InvalidRequestError(
                 f"`{parameter}` holds {len(ids)} ids; at most {info.max_logprob_token_ids} are "

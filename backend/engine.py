@@ -3,7 +3,7 @@
 Continuous batching: between iterations new requests are admitted (prefilled into a free KV
 slot) and finished or cancelled ones leave; each iteration runs one batched forward for all
 active sequences, samples all rows in one vectorised call and gathers all rows' logprobs in one
-`kernels.gather_logprobs` call, on the raw logits (DESIGN.md §4).
+`kernels.gather_logprobs` call, on the raw logits (docs/design.md, "Logprob semantics").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the engine hands out per request: `StepOutput`s of one or more tokens, how several of
-them merge into one response (docs/design.md, "Streaming"), and the kinds of error it ends
-with."""
+them merge into one response (docs/design.md, "Streaming responses"), and the kinds of error it
+ends with."""
 
 from __future__ import annotations
 

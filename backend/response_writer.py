@@ -1,5 +1,5 @@
 """One thread that sends the engine's outputs to Triton, so that the engine thread never waits on
-a response, a cancellation check or a metric (docs/design.md, "Streaming").
+a response, a cancellation check or a metric (docs/design.md, "Streaming responses").
 
 The engine appends each step's output to the request's `Outbox` and goes on. The writer sends
 everything pending for a request as one response: while it keeps up, that is one token per

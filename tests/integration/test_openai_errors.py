@@ -23,7 +23,7 @@ def chat(**fields: object) -> dict[str, object]:
 
 
 CASES = [
-    # logprob_token_ids rules (DESIGN §4)
+    # logprob_token_ids rules (docs/design.md, "Logprob semantics")
     (COMPLETIONS, completion(logprobs=0, logprob_token_ids=[]), "logprob_token_ids", "empty"),
     (CHAT, chat(logprob_token_ids=[1]), "logprob_token_ids", "requires `logprobs: true`"),
     (COMPLETIONS, completion(logprob_token_ids=[1]), "logprob_token_ids", "requires `logprobs`"),

@@ -17,6 +17,13 @@ def _parameters(model_config: dict[str, Any]) -> dict[str, str]:
     }
 
 
+def _boolean(value: str, name: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered not in ("true", "false", "1", "0"):
+        raise ValueError(f"config.pbtxt parameter `{name}` must be true or false, got {value!r}")
+    return lowered in ("true", "1")
+
+
 def resolve_model_path(value: str, model_repository: str) -> str:
     """A relative `model_path` is relative to the model repository folder (the parent of the
     model's own folder), so a repository can ship a pointer to a model beside it."""
@@ -44,6 +51,8 @@ class LLMConfig:
     max_logprob_token_ids: int = 1024
     max_tokens_per_response: int = 0
     """Most tokens one streamed response carries when the engine runs ahead; 0 = no cap."""
+    fast_decode: bool = True
+    """Decode Llama-family models through `backend.fast_decode` (same math, less Python)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_logprobs <= MAX_TOP_K:
@@ -71,6 +80,7 @@ class LLMConfig:
             max_logprobs=int(params.get("max_logprobs", 20) or 20),
             max_logprob_token_ids=int(params.get("max_logprob_token_ids", 1024) or 1024),
             max_tokens_per_response=int(params.get("max_tokens_per_response", 0) or 0),
+            fast_decode=_boolean(params.get("fast_decode", "true") or "true", "fast_decode"),
         )
 
 

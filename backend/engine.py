@@ -104,6 +104,9 @@ class Engine:
         self.stats = EngineStats()
         self._incoming: queue.Queue[tuple[GenerationParams, OutputSink]] = queue.Queue()
         self._active: list[_Sequence] = []
+        # The last decode's logits [B, V] and the sequences of its rows: reused as the next
+        # step's batch while membership is unchanged, instead of re-stacking the rows.
+        self._decoded: tuple[torch.Tensor, list[_Sequence]] | None = None
         self._running = False
         self._thread: threading.Thread | None = None
 
@@ -237,7 +240,7 @@ class Engine:
         rows = self._active
         if not rows:
             return
-        logits = torch.stack([seq.logits for seq in rows])
+        logits = self._batch_logits(rows)
         batch = batch_from_rows([s.sampling for s in rows], self.runner.vocab_size, logits.device)
         sampled = sample(logits, batch)
         gathered = self._gather(logits, sampled, rows)
@@ -253,6 +256,16 @@ class Engine:
             for seq, row_logits in zip(self._active, new_logits, strict=True):
                 seq.logits = row_logits
                 seq.cached_len += 1
+            self._decoded = (new_logits, list(self._active))
+
+    def _batch_logits(self, rows: list[_Sequence]) -> torch.Tensor:
+        if self._decoded is not None:
+            logits, decoded_rows = self._decoded
+            if len(decoded_rows) == len(rows) and all(
+                a is b for a, b in zip(decoded_rows, rows, strict=True)
+            ):
+                return logits
+        return torch.stack([seq.logits for seq in rows])
 
     def _compact(self) -> None:
         """Free the slots of finished sequences, keeping active ones in slots 0..B-1: the last

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from backend.fast_decode import FastDecoder, unsupported_reason
 from backend.kv_cache import SlotKVCache, bytes_per_slot
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -54,8 +55,10 @@ class ModelRunner:
         max_num_seqs: int = 16,
         max_model_len: int = 0,
         kv_cache_bytes: int = 0,
+        fast_decode: bool = True,
     ) -> None:
-        """`max_model_len` 0 = the model's context; `kv_cache_bytes` 0 = room for every slot."""
+        """`max_model_len` 0 = the model's context; `kv_cache_bytes` 0 = room for every slot;
+        `fast_decode`: decode through `FastDecoder` when the model qualifies."""
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -77,6 +80,10 @@ class ModelRunner:
             )
         self.cache = SlotKVCache(config, slots, self.max_model_len, self.device, self.dtype)
         self._mask_min = torch.finfo(self.dtype).min
+        self.fast_decode_off_reason = (
+            unsupported_reason(self.model) if fast_decode else "fast_decode is off"
+        )
+        self._fast = None if self.fast_decode_off_reason else FastDecoder(self.model, self.cache)
 
     @property
     def num_slots(self) -> int:
@@ -114,8 +121,11 @@ class ModelRunner:
         mask = torch.zeros(len(tokens), 1, 1, kv_len, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~visible[:, None, None, :], self._mask_min)
         self.cache.plan_decode(pos, kv_len)
+        ids = torch.tensor(tokens, device=self.device)
+        if self._fast is not None:
+            return self._fast(ids, pos, mask)
         out = self.model(
-            input_ids=torch.tensor(tokens, device=self.device).unsqueeze(1),
+            input_ids=ids.unsqueeze(1),
             position_ids=pos.unsqueeze(1),
             attention_mask=mask,
             cache=self.cache,

@@ -8,8 +8,10 @@ the served ones.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -18,7 +20,8 @@ from backend.engine import Engine
 from backend.model_runner import ModelRunner
 from backend.outputs import StepOutput
 from backend.params import GenerationParams
-from bench.loadgen import FirstToken, RequestSpec
+from bench.environment import OthersCpu
+from bench.loadgen import FirstToken, RequestSpec, Summary, make_workload, run_load
 
 
 class _CountingSink:
@@ -55,10 +58,14 @@ class _CountingSink:
 class EngineTarget:
     """Greedy, `IGNORE_EOS`, token-id prompts: the same requests `TritonTarget` sends."""
 
-    def __init__(self, model: Path, max_num_seqs: int, name: str = "engine alone") -> None:
+    def __init__(
+        self, model: Path, max_num_seqs: int, name: str = "engine alone", fast_decode: bool = True
+    ) -> None:
         self.name = name
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))  # as `llm`'s num_threads 0
-        runner = ModelRunner(str(model), device="cpu", max_num_seqs=max_num_seqs)
+        runner = ModelRunner(
+            str(model), device="cpu", max_num_seqs=max_num_seqs, fast_decode=fast_decode
+        )
         self._engine = Engine(runner)
         self._engine.start()
 
@@ -78,3 +85,48 @@ class EngineTarget:
 
     def stop(self) -> None:
         self._engine.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m bench.engine_alone`: the engine alone with and without `fast_decode`,
+    alternating rounds in one process, so the two are measured side by side."""
+    parser = argparse.ArgumentParser(prog="python -m bench.engine_alone", description=main.__doc__)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from backend import default_model
+
+    model = default_model.ensure().resolve()
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    for concurrency in args.concurrency:
+        specs = make_workload(tokenizer, max(54, 2 * concurrency) if concurrency > 1 else 9)
+        targets = {
+            fast: EngineTarget(model, max(args.concurrency), fast_decode=fast)
+            for fast in (False, True)
+        }
+        best: dict[bool, float] = {}
+        others = 0.0
+        try:
+            for _ in range(args.rounds):
+                for fast, target in targets.items():
+                    with OthersCpu() as cpu:
+                        load = asyncio.run(run_load(target, specs, concurrency))
+                    others = max(others, cpu.share)
+                    rate = Summary.from_load(load).output_tokens_per_s
+                    best[fast] = max(best.get(fast, 0.0), rate)
+        finally:
+            for target in targets.values():
+                target.stop()
+        print(
+            f"C={concurrency}: transformers decode {best[False]:.0f} tok/s, fast_decode "
+            f"{best[True]:.0f} tok/s ({best[True] / best[False]:.2f}x; best of {args.rounds}; "
+            f"others used at most {100 * others:.0f}% of the CPUs)",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

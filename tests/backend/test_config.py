@@ -66,6 +66,7 @@ def test_every_parameter_is_parsed() -> None:
             max_queue_size="3",
             max_logprobs="5",
             max_logprob_token_ids="64",
+            fast_decode="false",
         ),
         "/r/llm",
     )
@@ -79,7 +80,13 @@ def test_every_parameter_is_parsed() -> None:
         max_queue_size=3,
         max_logprobs=5,
         max_logprob_token_ids=64,
+        fast_decode=False,
     )
+
+
+def test_fast_decode_must_be_a_boolean() -> None:
+    with pytest.raises(ValueError, match="fast_decode"):
+        LLMConfig.from_model_config(model_config(model_path="/m", fast_decode="fast"), "/r/llm")
 
 
 @pytest.mark.parametrize("config", [{}, {"parameters": {}}, model_config(model_path="")])

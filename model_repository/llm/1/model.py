@@ -140,6 +140,7 @@ class TritonPythonModel:
             max_num_seqs=config.max_num_seqs,
             max_model_len=config.max_model_len,
             kv_cache_bytes=config.kv_cache_memory_mb * 2**20,
+            fast_decode=config.fast_decode,
         )
         self.metrics = _Metrics(args["model_name"])
         self.writer: ResponseWriter[_Request, EngineStats] = ResponseWriter(

@@ -1,0 +1,139 @@
+"""A lean decode step for Llama-family decoders (Llama, Mistral, Qwen2, Qwen3).
+
+Why: a decode step feeds one token per sequence, so with a small model the work per layer is a
+few tiny GEMMs, and transformers' per-module Python (hooks, kwargs plumbing, config lookups,
+mask and attention dispatch) costs more than the arithmetic: ~1 ms per layer on this CPU. This
+runs the same math on the same weights (the model's own parameters and rotary module, the
+`SlotKVCache` layers' `update`) as straight torch calls. Prefill stays on transformers'
+forward: it runs once per request and its per-module cost is spread over the whole prompt.
+
+`unsupported_reason` decides, from the module structure, whether a model qualifies; anything
+else (other architectures, sliding windows, biases on o_proj/MLP) keeps transformers' decode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from backend.kv_cache import SlotKVCache
+
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+@dataclass(frozen=True)
+class _Layer:
+    input_norm: tuple[torch.Tensor, float]
+    post_norm: tuple[torch.Tensor, float]
+    q: tuple[torch.Tensor, torch.Tensor | None]
+    k: tuple[torch.Tensor, torch.Tensor | None]
+    v: tuple[torch.Tensor, torch.Tensor | None]
+    o: torch.Tensor
+    q_norm: tuple[torch.Tensor, float] | None  # Qwen3's per-head norms
+    k_norm: tuple[torch.Tensor, float] | None
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+
+
+def _norm(module: torch.nn.Module) -> tuple[torch.Tensor, float]:
+    return module.weight, float(module.variance_epsilon)
+
+
+def _rms_norm(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
+    """transformers' RMSNorm: statistics in float32, weight applied in the input dtype."""
+    weight, eps = norm
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """None when `model` has the Llama-family structure this module implements."""
+    config = model.config
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model type {config.model_type!r} is not one of {sorted(SUPPORTED_MODEL_TYPES)}"
+    if getattr(config, "hidden_act", None) != "silu":
+        return f"activation {config.hidden_act!r} is not silu"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "sliding-window attention"
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if attn.o_proj.bias is not None or any(
+            p.bias is not None for p in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        ):
+            return "biases on o_proj or the MLP"
+    return None
+
+
+class FastDecoder:
+    """One decode step for rows 0..B-1 of a `SlotKVCache` (whose plan the caller has set)."""
+
+    def __init__(self, model: torch.nn.Module, cache: SlotKVCache) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"no fast decode path: {reason}")
+        config = model.config
+        self._cache = cache
+        self._embed = model.model.embed_tokens.weight
+        self._rotary = model.model.rotary_emb
+        self._final_norm = _norm(model.model.norm)
+        self._lm_head = model.lm_head.weight
+        self._heads = config.num_attention_heads
+        self._kv_heads = config.num_key_value_heads or self._heads
+        self._head_dim = model.model.layers[0].self_attn.head_dim
+        self._scaling = float(model.model.layers[0].self_attn.scaling)
+        self._layers = [self._layer(layer) for layer in model.model.layers]
+
+    @staticmethod
+    def _layer(layer: torch.nn.Module) -> _Layer:
+        attn, mlp = layer.self_attn, layer.mlp
+
+        def linear(module: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+            return module.weight, module.bias
+
+        return _Layer(
+            input_norm=_norm(layer.input_layernorm),
+            post_norm=_norm(layer.post_attention_layernorm),
+            q=linear(attn.q_proj),
+            k=linear(attn.k_proj),
+            v=linear(attn.v_proj),
+            o=attn.o_proj.weight,
+            q_norm=_norm(attn.q_norm) if hasattr(attn, "q_norm") else None,
+            k_norm=_norm(attn.k_norm) if hasattr(attn, "k_norm") else None,
+            gate=mlp.gate_proj.weight,
+            up=mlp.up_proj.weight,
+            down=mlp.down_proj.weight,
+        )
+
+    @torch.inference_mode()
+    def __call__(
+        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """`tokens`, `positions`: [B]; `mask`: additive [B, 1, 1, L]. Returns logits [B, V]."""
+        batch = tokens.shape[0]
+        groups = self._heads // self._kv_heads
+        hidden = F.embedding(tokens, self._embed).unsqueeze(1)  # [B, 1, hidden]
+        cos, sin = self._rotary(hidden, positions.unsqueeze(1))
+        for index, layer in enumerate(self._layers):
+            x = _rms_norm(hidden, layer.input_norm)
+            q = F.linear(x, *layer.q).view(batch, 1, self._heads, self._head_dim)
+            k = F.linear(x, *layer.k).view(batch, 1, self._kv_heads, self._head_dim)
+            v = F.linear(x, *layer.v).view(batch, 1, self._kv_heads, self._head_dim)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q, k = _rms_norm(q, layer.q_norm), _rms_norm(k, layer.k_norm)
+            q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            keys, values = self._cache.layers[index].update(k, v.transpose(1, 2))
+            # One query per row: attend on the kv heads, a kv head's query heads as its rows
+            # (transformers' `pack_gqa`), so keys and values are never repeated.
+            q = q.reshape(batch, self._kv_heads, groups, self._head_dim)
+            attn = F.scaled_dot_product_attention(q, keys, values, mask, scale=self._scaling)
+            hidden = hidden + F.linear(attn.reshape(batch, 1, -1), layer.o)
+            x = _rms_norm(hidden, layer.post_norm)
+            hidden = hidden + F.linear(
+                F.silu(F.linear(x, layer.gate)) * F.linear(x, layer.up), layer.down
+            )
+        return F.linear(_rms_norm(hidden[:, 0], self._final_norm), self._lm_head)

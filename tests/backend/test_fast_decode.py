@@ -1,0 +1,104 @@
+"""`backend.fast_decode` against transformers' own forward, on tiny random models of each family
+it claims: the same weights and slot cache, ragged rows, several steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GPT2Config,
+    LlamaConfig,
+    MistralConfig,
+    PretrainedConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+from backend.model_runner import ModelRunner
+
+_SIZES = {
+    "vocab_size": 1024,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+}
+FAMILIES = {
+    "llama": LlamaConfig(**_SIZES),
+    "llama-mha-rope-scaled": LlamaConfig(
+        **{**_SIZES, "num_key_value_heads": 4},
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ),
+    "mistral": MistralConfig(**_SIZES, sliding_window=None),
+    "qwen2": Qwen2Config(**_SIZES),  # biases on q/k/v
+    "qwen3": Qwen3Config(**_SIZES, head_dim=16),  # per-head q/k norms
+}
+
+
+def _save(config: PretrainedConfig, tokenizer_dir: Path, out: Path) -> Path:
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():  # random, and large enough that rounding differences would show
+        for param in model.parameters():
+            param.normal_(0, 0.2)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+    return out
+
+
+def _run(runner: ModelRunner, prompts: list[list[int]], steps: int) -> list[torch.Tensor]:
+    """Prefill each prompt into its slot, then `steps` decodes of all rows; the logits of each."""
+    for slot, prompt in enumerate(prompts):
+        runner.prefill(slot, prompt)
+    positions = [len(p) for p in prompts]
+    out = []
+    for step in range(steps):
+        tokens = [(7 * step + 3 * row) % 1000 for row in range(len(prompts))]
+        out.append(runner.decode(tokens, positions))
+        positions = [p + 1 for p in positions]
+    return out
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_fast_decode_equals_transformers(family: str, model_dir: Path, tmp_path: Path) -> None:
+    path = str(_save(FAMILIES[family], model_dir, tmp_path / family))
+    fast = ModelRunner(path, device="cpu", max_num_seqs=4, max_model_len=128)
+    slow = ModelRunner(path, device="cpu", max_num_seqs=4, max_model_len=128, fast_decode=False)
+    assert fast.fast_decode_off_reason is None
+    assert slow.fast_decode_off_reason == "fast_decode is off"
+    prompts = [list(range(1, 12)), list(range(40, 43)), list(range(100, 130))]
+    for got, want in zip(_run(fast, prompts, 6), _run(slow, prompts, 6), strict=True):
+        assert got.shape == want.shape == (3, 1024)
+        assert torch.isfinite(want).all()
+        assert (got - want).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("config", "reason"),
+    [
+        (GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=1024), "model type 'gpt2'"),
+        (MistralConfig(**_SIZES, sliding_window=16), "sliding-window"),
+        (LlamaConfig(**_SIZES, mlp_bias=True), "biases"),
+    ],
+)
+def test_other_models_keep_transformers_decode(
+    config: PretrainedConfig, reason: str, model_dir: Path, tmp_path: Path
+) -> None:
+    runner = ModelRunner(str(_save(config, model_dir, tmp_path / "m")), device="cpu")
+    assert runner.fast_decode_off_reason is not None
+    assert reason in runner.fast_decode_off_reason
+    logits = _run(runner, [[1, 2, 3], [4, 5]], 2)
+    assert all(torch.isfinite(step).all() for step in logits)

@@ -36,7 +36,7 @@ STATS_INTERVAL_S = 0.05
 
 
 class Transport(Protocol[Request]):
-    """How responses reach the client of a `Request` (Triton's InferenceRequest in model.py)."""
+    """How responses reach the client of a `Request` (in model.py, Triton's response sender)."""
 
     def send(self, request: Request, output: StepOutput, final: bool) -> None: ...
 

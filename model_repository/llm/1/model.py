@@ -1,7 +1,7 @@
 """Triton glue for the generation engine: decoupled, each response carries the tokens generated
 since the last one (one per response while the writer keeps up).
 
-Tensor contract: README.md "Tensors". `execute` parses each request into `GenerationParams` and
+Tensor contract: docs/tensors.md. `execute` parses each request into `GenerationParams` and
 hands it to the engine thread, which appends its outputs to the request's outbox; the response
 writer thread sends them (`backend.response_writer`), the FINAL flag with the last response,
 exactly once, also on error and cancellation.

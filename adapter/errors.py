@@ -8,6 +8,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+RETRY_AFTER_S = 1
+"""What a 503 of an unavailable Triton tells the client to wait (the openai SDK honours it)."""
+
 
 class InvalidRequestError(ValueError):
     """The request cannot be served as asked (HTTP 400); `parameter` names the field."""
@@ -55,7 +58,11 @@ class ServiceUnavailableError(RuntimeError):
 
 
 class EngineUnavailableError(ServiceUnavailableError):
-    """Triton cannot be reached, the model is not ready or its queue is full (HTTP 503)."""
+    """Triton cannot be reached, the model is not ready or its queue is full (HTTP 503). Each
+    passes: the launcher restarts a faulty Triton within seconds (docs/design.md, "Surviving
+    the engine's death"), so the client is told to try again (`Retry-After`)."""
+
+    headers: Mapping[str, str] = {"Retry-After": str(RETRY_AFTER_S)}
 
 
 class ShuttingDownError(ServiceUnavailableError):

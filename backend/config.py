@@ -7,6 +7,9 @@ from pathlib import Path
 from typing import Any
 
 MAX_TOP_K = 20
+RESTARTS_ENV = "LLM_SERVER_RESTARTS"
+"""How often the launcher has restarted tritonserver after a fault; the `llm` model reports it
+(`llm_server_restarts_total`), since Triton's own counters start again at 0 with the server."""
 """The logprob kernel's largest natural top-k (OpenAI's `top_logprobs` maximum too)."""
 
 

@@ -1,8 +1,10 @@
 """`make serve`: build the default model if needed, write the repository, run tritonserver and
 the OpenAI adapter in front of it.
 
-Waits until both are ready, logs where they listen, and on Ctrl-C / SIGTERM stops the adapter,
-then tritonserver and its backend stubs. `--model-path` serves any Hugging Face causal-LM folder
+Waits until both are ready, logs where they listen, restarts either when it faults (a dead
+engine process included; `backend.supervisor`), and on Ctrl-C / SIGTERM stops the adapter, then
+tritonserver and its backend stubs. They die with the launcher even if it is killed
+(`backend.guardian`). `--model-path` serves any Hugging Face causal-LM folder
 instead of the default model; `--tritonserver` runs a system binary (a Triton container), not
 the bundled one; `--adapter-port 0` serves Triton alone.
 """
@@ -15,13 +17,13 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from backend import default_model
 from backend.adapter_server import AdapterServer
 from backend.processes import ChildProcess
 from backend.repository import known_parameters, write_repository
+from backend.supervisor import RestartPolicy, Supervisor
 from backend.tritonserver import TritonServer
 
 logger = logging.getLogger("launcher")
@@ -76,6 +78,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "process list",
     )
     add("--ready-timeout", type=float, default=300.0)
+    defaults = RestartPolicy()
+    add(
+        "--max-restarts",
+        type=int,
+        default=defaults.max_restarts,
+        help="restarts of a faulty tritonserver or adapter allowed within --restart-window-s; "
+        "one more fault and the launcher exits 1",
+    )
+    add("--restart-window-s", type=float, default=defaults.window_s)
     return parser.parse_args(argv)  # fmt: skip
 
 
@@ -119,32 +130,6 @@ def build_adapter(args: argparse.Namespace, server: TritonServer) -> AdapterServ
     )
 
 
-def serve(
-    processes: list[ChildProcess],
-    stop: threading.Event,
-    ready_timeout: float,
-    on_ready: Callable[[], None],
-) -> int:
-    """Start each process in order and wait for it, then watch them until `stop` or one exits;
-    stop them all in reverse order whatever happens."""
-    try:
-        for process in processes:
-            process.start()
-            if not process.wait_ready(ready_timeout, stop):
-                return 0  # stopped while starting
-        on_ready()
-        while not stop.wait(1.0):
-            for process in processes:
-                if not process.running:
-                    logger.error("%s exited\n%s", process.name, process.log_tail())
-                    return 1
-        return 0
-    finally:
-        for process in reversed(processes):
-            logger.info("stopping %s", process.name)
-            process.stop()
-
-
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = parse_args(argv)
@@ -165,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             logger.info("OpenAI API: %s", adapter.base_url)
 
     processes: list[ChildProcess] = [server] if adapter is None else [server, adapter]
-    return serve(processes, stop, args.ready_timeout, announce)
+    policy = RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window_s)
+    return Supervisor(processes, stop, args.ready_timeout, policy).run(announce)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """A child server process: started in its own session, ready when an HTTP URL answers 200,
-stopped with a signal and then, whatever is left of its process group, killed."""
+stopped with a signal and then, whatever is left of its process group, killed; restartable, and
+able to say why it can no longer serve (`fault`), which `backend.supervisor` watches."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import IO, TypeVar
 
 logger = logging.getLogger(__name__)
 _Process = TypeVar("_Process", bound="ChildProcess")
@@ -35,8 +36,10 @@ class ChildProcess:
 
     def __init__(self, log_path: Path | None = None) -> None:
         self.log_path = log_path
-        self._process: subprocess.Popen | None = None
-        self._log = None
+        self.restarts = 0
+        """Starts after the first one (`backend.supervisor` restarts a faulty process)."""
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
 
     def command(self) -> list[str]:
         raise NotImplementedError
@@ -57,11 +60,19 @@ class ChildProcess:
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    def fault(self) -> str | None:
+        """Why the started process can no longer serve; None while it can."""
+        if self._process is not None and self._process.poll() is not None:
+            return f"exited with {self._process.returncode}"
+        return None
+
     def start(self) -> None:
-        output = subprocess.DEVNULL
+        output: int | IO[bytes] = subprocess.DEVNULL
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = output = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
+            # A restart appends, so that the log still shows the fault that caused it.
+            mode = "ab" if self.restarts else "wb"
+            self._log = output = open(self.log_path, mode)  # noqa: SIM115 (closed in stop)
         command = self.command()
         logger.info("starting %s: %s", self.name, " ".join(command))
         # Its own session, so stop() also reaches what it forked (Triton's backend stubs).
@@ -87,6 +98,7 @@ class ChildProcess:
                     f"{self.name} exited with {self._process.returncode}\n{self.log_tail()}"
                 )
             if self.is_ready():
+                self.became_ready()
                 return True
             if stop.wait(0.25):
                 return False
@@ -98,9 +110,11 @@ class ChildProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self, timeout_s: float = 30.0) -> None:
+        """`stop_signal`, up to `timeout_s` to exit, then SIGKILL to what is left of the group;
+        0 kills at once (a faulty process: a broken tritonserver waits its exit timeout)."""
         process, self._process = self._process, None
         if process is not None:
-            if process.poll() is None:
+            if process.poll() is None and timeout_s > 0:
                 process.send_signal(self.stop_signal)
                 try:
                     process.wait(timeout=timeout_s)
@@ -109,9 +123,16 @@ class ChildProcess:
             with contextlib.suppress(ProcessLookupError):  # anything that outlived it
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+            self.stopped()
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    def became_ready(self) -> None:
+        """Once `ready_url` answers: subclasses note what the ready process runs."""
+
+    def stopped(self) -> None:
+        """After the process group is gone: subclasses release what it left behind."""
 
     def __enter__(self: _Process) -> _Process:
         self.start()

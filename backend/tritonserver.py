@@ -8,13 +8,24 @@ Python's own libpython first on LD_LIBRARY_PATH (or the stub may load another pa
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
 import sys
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
+from backend.config import RESTARTS_ENV
 from backend.processes import ChildProcess, free_port
+
+logger = logging.getLogger(__name__)
+STUB_BINARY = "triton_python_backend_stub"
+SHM_REGION_PREFIX = "triton_python_backend_shm_region_"
+SHM_DIR = Path("/dev/shm")
 
 
 def embedded_tritonserver() -> tuple[Path, Path]:
@@ -32,11 +43,55 @@ def embedded_tritonserver() -> tuple[Path, Path]:
     return root / "bin" / "tritonserver", root / "backends"
 
 
+@dataclass(frozen=True)
+class BackendStub:
+    """One Python-backend stub process: a model instance, and the shared memory it talks over."""
+
+    process: psutil.Process
+    model: str
+    shm_region: str | None
+
+    @classmethod
+    def of(cls, process: psutil.Process) -> BackendStub | None:
+        """The stub `process` is, or None for another process (or one gone meanwhile)."""
+        try:
+            args = process.cmdline()
+        except psutil.Error:
+            return None
+        if not args or Path(args[0]).name != STUB_BINARY or len(args) < 2:
+            return None
+        # Its arguments: the model file (<repository>/<model>/<version>/model.py), the region...
+        region = next((arg for arg in args if arg.startswith(SHM_REGION_PREFIX)), None)
+        return cls(process, Path(args[1]).parent.parent.name, region)
+
+    @property
+    def alive(self) -> bool:
+        """Still running: the same process (psutil compares start times), and not a zombie."""
+        try:
+            return self.process.is_running() and self.process.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+
+def backend_stubs(server_pid: int) -> list[BackendStub]:
+    """The Python-backend stubs tritonserver `server_pid` runs."""
+    try:
+        children = psutil.Process(server_pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    return [stub for stub in map(BackendStub.of, children) if stub is not None]
+
+
 class TritonServer(ChildProcess):
     """tritonserver on `model_repository`; ports of 0 are replaced by free ones.
 
     `tritonserver` is a system binary (a container's /opt/tritonserver/bin/tritonserver); None
     uses the bundled one. A context manager: ready on entry, stopped (stubs included) on exit.
+
+    Once ready it knows its backend stubs: one that dies is a `fault` (python_backend neither
+    restarts it nor fails its requests, and the model stays "ready"; docs/design.md, "Surviving
+    the engine's death"), and their shared-memory regions, which a killed server leaves behind,
+    are removed when it stops.
     """
 
     name = "tritonserver"
@@ -60,6 +115,7 @@ class TritonServer(ChildProcess):
         self.host = host
         self.tritonserver = tritonserver
         self.backend_directory = backend_directory
+        self.stubs: list[BackendStub] = []
 
     @property
     def http_url(self) -> str:
@@ -99,8 +155,33 @@ class TritonServer(ChildProcess):
             command.append(f"--backend-directory={backends}")
         return command
 
+    def became_ready(self) -> None:
+        """Every model is loaded, so every stub runs: remember them."""
+        assert self.pid is not None
+        self.stubs = backend_stubs(self.pid)
+        logger.info(
+            "backend stubs: %s",
+            ", ".join(f"{stub.model} (pid {stub.process.pid})" for stub in self.stubs),
+        )
+
+    def fault(self) -> str | None:
+        for stub in self.stubs:
+            if not stub.alive:
+                return f"the backend stub of `{stub.model}` (pid {stub.process.pid}) died"
+        return super().fault()
+
+    def stopped(self) -> None:
+        """Removes the stubs' shared-memory regions that a killed server could not."""
+        for stub in self.stubs:
+            if stub.shm_region is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    (SHM_DIR / stub.shm_region).unlink()
+                    logger.info("removed %s left by the stopped server", stub.shm_region)
+        self.stubs = []
+
     def env(self) -> dict[str, str]:
         env = super().env()
+        env[RESTARTS_ENV] = str(self.restarts)
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         if self._bundled():  # a system server keeps its image's library path (CUDA compat libs)
             import pytriton

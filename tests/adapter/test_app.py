@@ -60,6 +60,7 @@ def test_triton_unreachable_is_503(engine: FakeEngine, client: TestClient) -> No
     response = client.post("/v1/completions", json={"model": "tiny", "prompt": "x"})
     assert response.status_code == 503
     assert response.json()["error"]["type"] == "server_error"
+    assert response.headers["retry-after"] == "1"  # the launcher restarts a faulty Triton
 
 
 @pytest.mark.parametrize(

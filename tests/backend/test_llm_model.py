@@ -3,6 +3,7 @@ cancellation, metrics and lifecycle (the token values are checked in test_engine
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from backend import default_model, response_writer
+from backend.config import RESTARTS_ENV
 from backend.triton_io import (
     COMPLETION_TOKENS,
     FINISH_REASON,
@@ -250,5 +252,27 @@ def test_a_request_beyond_the_queue_limit_is_refused_as_unavailable(
         assert queued.sender.sent[-1][1] == FINAL and queued.sender.final_count == 1
         assert not any(r.has_error() for r in queued.sender.responses)
         assert sum(len(r.as_arrays()[OUTPUT_IDS]) for r in queued.sender.responses) == 2
+    finally:
+        model.finalize()
+
+
+@pytest.mark.parametrize("restarts", [None, "3"])
+def test_the_server_restarts_the_launcher_counted_are_a_metric(
+    import_model: Callable[[str], ModuleType],
+    model_args: Callable[..., dict[str, str]],
+    pb_utils: ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    restarts: str | None,
+) -> None:
+    """The launcher passes its count in the environment (backend.supervisor); the counter
+    starts there and outlives `initialize` (its family is kept alive)."""
+    if restarts is not None:
+        monkeypatch.setenv(RESTARTS_ENV, restarts)
+    model = import_model("llm").TritonPythonModel()
+    model.initialize(model_args("llm"))
+    try:
+        gc.collect()
+        restarts_total = pb_utils.metric("llm_server_restarts_total", {"model": "llm"})
+        assert restarts_total.value() == int(restarts or 0)
     finally:
         model.finalize()

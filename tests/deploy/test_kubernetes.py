@@ -150,6 +150,11 @@ def test_triton_probes(resources: dict) -> None:
     startup = triton["startupProbe"]
     # Room for building the default model and loading a large one before liveness applies.
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
+    # Room for the launcher to restart a faulty tritonserver (backend.supervisor) before the
+    # kubelet restarts the container; the readiness probe notices within 10 s.
+    liveness, readiness = triton["livenessProbe"], triton["readinessProbe"]
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] >= 300
+    assert readiness["periodSeconds"] * readiness["failureThreshold"] <= 10
 
 
 def test_the_headless_service_lists_ready_triton_pods(resources: dict) -> None:

@@ -13,8 +13,9 @@ import time. `FakeRequest`, `metric` and `reset` are for tests only.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -169,11 +170,23 @@ def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) ->
 
 
 class Metric:
+    """Holds its family weakly, as python_backend's does: once the family object is collected,
+    the metric fails as the real one does."""
+
     def __init__(self, family: MetricFamily, labels: Mapping[str, str]) -> None:
-        self.family = family
+        self._family = weakref.ref(family)
         self.labels = dict(labels)
         self.history: list[float] = []
         self._value = 0.0
+
+    @property
+    def family(self) -> MetricFamily:
+        family = self._family()
+        if family is None:
+            raise TritonModelException(
+                "Invalid metric operation as the corresponding 'MetricFamily' has been deleted."
+            )
+        return family
 
     def set(self, value: float) -> None:
         if self.family.kind != MetricFamily.GAUGE:
@@ -195,8 +208,11 @@ class MetricFamily:
     COUNTER = 0
     GAUGE = 1
 
-    registry: dict[str, MetricFamily] = {}  # noqa: RUF012  (the fake's process-wide registry)
-    """Every family created since `reset()`, by name, so tests can read metrics."""
+    registry: ClassVar[weakref.WeakValueDictionary[str, MetricFamily]] = (
+        weakref.WeakValueDictionary()
+    )
+    """Every live family created since `reset()`, by name, so tests can read metrics; weak,
+    since the real families die with their Python objects."""
 
     def __init__(self, name: str, description: str, kind: int) -> None:
         if kind not in (self.COUNTER, self.GAUGE):

@@ -14,6 +14,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ from backend import triton_io as io
 from backend.default_model import DEFAULT_SPEC, REPO_ROOT, SPEC_FILE
 from backend.processes import free_port
 from backend.tritonserver import embedded_tritonserver
+from tests.integration.openai_support import wait_for
 from tests.integration.proc import descendants, processes_mentioning, still_running
 from tests.reference import reference_greedy, tokenizer
 from tests.streaming import generate
@@ -260,3 +262,30 @@ def test_container_entrypoint_builds_the_default_model_into_an_empty_volume(
         assert_stops_cleanly(
             server, run_dir, expected=("tritonserver", "triton_python_backend_stub")
         )
+
+
+@pytest.mark.timeout(420)
+def test_children_die_with_a_killed_launcher(model_dir: Path, tmp_path: Path) -> None:
+    """SIGTERM, then SIGKILL during the shutdown, as an impatient supervisor does: tritonserver,
+    its stubs and the adapter go too (`backend.guardian`), and their ports are free again."""
+    ports = Ports.free()
+    run_dir = tmp_path / "run"
+    command = [
+        *(sys.executable, "-m", "backend.launcher", "--model-path", str(model_dir)),
+        *("--host", "127.0.0.1", *ports.triton_flags(), "--run-dir", str(run_dir)),
+        *("--adapter-host", "127.0.0.1", "--adapter-port", str(ports.adapter), *PARAMETERS),
+    ]
+    with launched(command, tmp_path / "launcher.log") as server:
+        server.wait_for_log("OpenAI API: ")
+        children = descendants(server.process.pid)
+        for name in ("tritonserver", "triton_python_backend_stub", "-m adapter", "guardian"):
+            assert any(name in cmd for cmd in children.values()), (name, children)
+        server.process.send_signal(signal.SIGTERM)
+        server.process.kill()
+        server.process.wait()
+        assert wait_for(lambda: still_running(children) == {}), still_running(children)
+        assert processes_mentioning(str(run_dir)) == {}
+        for port in (ports.http, ports.grpc, ports.metrics, ports.adapter):
+            with socket.socket() as sock:  # as a server binds: past TIME_WAIT, not a listener
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(("127.0.0.1", port))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import triton_python_backend_utils as pb_utils
 
-from backend.config import LLMConfig
+from backend.config import RESTARTS_ENV, LLMConfig
 from backend.engine import Engine, EngineStats
 from backend.model_runner import ModelRunner
 from backend.outputs import BUSY, CANCELLED, StepOutput
@@ -110,6 +110,16 @@ class _Metrics:
             key: family.Metric(labels=labels) for key, family in self._families.items()
         }
         self._last = EngineStats()
+        # The family must outlive its metric (python_backend deletes both with the family).
+        self._restart_family = pb_utils.MetricFamily(
+            "llm_server_restarts_total",
+            "Times the launcher restarted tritonserver after a fault (a backend stub or the "
+            "server died)",
+            counter,
+        )
+        self._restarts = self._restart_family.Metric(labels=labels)
+        if restarts := int(os.environ.get(RESTARTS_ENV, "0")):
+            self._restarts.increment(restarts)
 
     def update(self, stats: EngineStats) -> None:
         for key, metric in self._metrics.items():

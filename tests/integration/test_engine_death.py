@@ -20,20 +20,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
+from backend import triton_io as io
 from backend.adapter_server import AdapterServer
 from backend.repository import write_repository
 from backend.supervisor import RestartPolicy, Supervisor
 from backend.tritonserver import SHM_DIR, TritonServer
 from tests.integration.openai_support import MODEL, sse_events, wait_for
 from tests.integration.proc import resident_kib
+from tests.streaming import Streamer
 
 PARAMETERS = {"max_model_len": "512", "max_num_seqs": "4"}
 QUICK = RestartPolicy(max_restarts=20, backoff_s=0.2, max_backoff_s=0.2, poll_interval_s=0.2)
 FAIL_FAST_S = 5.0  # the bound on the stream's error and on /health/ready turning 503
 HEAL_BOUND_S = 60.0
 LONG = {"model": MODEL, "prompt": "Hi", "max_tokens": 500, "ignore_eos": True, "stream": True}
+LONG_IDS = {
+    io.INPUT_IDS: np.array([1, 2, 3], dtype=np.int32),
+    io.MAX_TOKENS: np.array([500], dtype=np.int32),
+    io.IGNORE_EOS: np.array([True]),
+}
 GREEDY = {"model": MODEL, "prompt": "Triton serves the model", "max_tokens": 8}
 CRASH_AT_RELOAD = Path(__file__).with_name("crashing_llm.py")
 
@@ -112,10 +120,13 @@ def test_a_killed_stub_fails_fast_reports_not_ready_and_heals(stack: Stack, mode
     before = _completion(stack)
     restarts = stack.restarts_metric()
     old_regions = {stub.shm_region for stub in stack.server.stubs}
+    direct = Streamer(stack.server.grpc_url)  # a tritonclient caller, straight to `llm`
+    direct.send("llm", LONG_IDS)
     with stack.http.stream("POST", "/v1/completions", json=LONG) as stream:
         lines = stream.iter_lines()
         assert stream.status_code == 200
         assert next(line for line in lines if line.startswith("data: "))
+        assert direct.next()[1] is None  # streaming
         os.kill(stack.stub_pid(model), signal.SIGKILL)
         killed_at = time.monotonic()
         *_, error, done = sse_events(list(lines))
@@ -123,6 +134,9 @@ def test_a_killed_stub_fails_fast_reports_not_ready_and_heals(stack: Stack, mode
     assert done == "[DONE]"
     assert error["error"]["type"] == "server_error", error
     assert errored_in < FAIL_FAST_S, errored_in
+    direct_error = direct.collect().error
+    assert direct_error is not None and time.monotonic() - killed_at < FAIL_FAST_S
+    direct.client.close()
 
     assert wait_for(lambda: stack.http.get("/health/ready").status_code == 503, FAIL_FAST_S)
     unready_in = time.monotonic() - killed_at

@@ -17,19 +17,15 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 WORKDIR /src
 RUN python -m venv /opt/venv
 
-# The adapter's dependencies only (docker/requirements-adapter.txt), then the project without its
-# dependencies: pyproject.toml's `dependencies` include torch and transformers for the engine.
-COPY docker/requirements-adapter.txt docker/
-RUN /opt/venv/bin/pip install --no-cache-dir --only-binary=:all: -r docker/requirements-adapter.txt
-
 # adapter/ plus backend/ (the adapter imports backend.triton_io, which needs numpy only); the
-# engine's other modules come along as files and are never imported.
+# engine's other modules come along as files and are never imported. The `adapter` extra is the
+# adapter's dependencies (pyproject.toml); the project's own are numpy alone.
 COPY pyproject.toml README.md ./
 COPY backend/ backend/
 COPY adapter/ adapter/
 # The check fails the build if the adapter does not import here, or if torch or transformers got
 # in by some dependency.
-RUN /opt/venv/bin/pip install --no-cache-dir --no-deps . \
+RUN /opt/venv/bin/pip install --no-cache-dir '.[adapter]' \
     && /opt/venv/bin/python -c 'import importlib.util as u, adapter.app, adapter.__main__; heavy = [m for m in ("torch", "transformers", "tokenizers") if u.find_spec(m)]; assert not heavy, heavy'
 
 FROM python:3.11-slim-bookworm

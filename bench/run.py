@@ -14,25 +14,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime
-import os
 import shlex
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from types import FrameType, TracebackType
-
-import httpx
+from types import FrameType
 
 from backend import default_model
+from backend.adapter_server import AdapterServer
+from backend.processes import ChildProcess, free_port
 from backend.repository import write_repository
-from backend.tritonserver import TritonServer, free_port
+from backend.tritonserver import TritonServer
 from bench.engine_alone import EngineTarget
 from bench.environment import OthersCpu, describe_machine, wait_until_quiet
 from bench.loadgen import (
@@ -62,67 +59,27 @@ WARMUP_TOKENS = 8
 NOISY = 0.1  # others' CPU share above which a run is flagged
 
 
-@dataclass
-class ServerProcess:
-    """A server child process in its own session; a context manager that waits until `health_url`
-    answers 200 and on exit stops the whole process group (SIGINT, then SIGKILL)."""
+class PeerServer(ChildProcess):
+    """`transformers serve` on `port`; SIGINT is uvicorn's graceful shutdown."""
 
-    command: list[str]
-    health_url: str
-    log_path: Path
-    ready_timeout_s: float = 180.0
-    _process: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    name = "transformers serve"
+    stop_signal = signal.SIGINT
 
-    def __enter__(self) -> ServerProcess:
-        with open(self.log_path, "wb") as log:
-            self._process = subprocess.Popen(
-                self.command,
-                cwd=REPO_ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    def __init__(self, model: Path, port: int, continuous_batching: bool, log_path: Path) -> None:
+        super().__init__(log_path)
+        self.model = model
+        self.port = port
+        self.continuous_batching = continuous_batching
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout_s
-        while time.monotonic() < deadline:
-            if self._process is not None and self._process.poll() is not None:
-                raise RuntimeError(f"{self.command[0]} exited\n{self.log_tail()}")
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(self.health_url, timeout=2, trust_env=False).status_code == 200:
-                    return
-            time.sleep(0.3)
-        raise TimeoutError(f"{self.health_url} not ready in {self.ready_timeout_s:.0f} s")
+    @property
+    def ready_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/health"
 
-    def log_tail(self, lines: int = 30) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        process, self._process = self._process, None
-        if process is None:
-            return
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGINT)  # uvicorn's graceful shutdown
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=timeout_s)
-        with contextlib.suppress(ProcessLookupError):  # whatever it forked and left behind
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+    def command(self) -> list[str]:
+        transformers = str(Path(sys.executable).parent / "transformers")
+        command = [transformers, "serve", str(self.model), "--device", "cpu"]
+        command += ["--host", "127.0.0.1", "--port", str(self.port)]
+        return [*command, "--continuous-batching"] if self.continuous_batching else command
 
 
 @dataclass(frozen=True)
@@ -265,28 +222,6 @@ def explicit_ids(vocab_size: int, count: int = EXPLICIT_IDS) -> list[int]:
     return list(range(0, step * count, step))[:count]
 
 
-def adapter_command(port: int, triton_url: str) -> list[str]:
-    command = [
-        sys.executable, "-m", "adapter",
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--triton-url", triton_url,
-        "--served-model-name", "bench",
-        "--log-level", "warning",
-    ]  # fmt: skip
-    return command
-
-
-def peer_command(model: Path, port: int, continuous_batching: bool) -> list[str]:
-    command = [
-        str(Path(sys.executable).parent / "transformers"), "serve", str(model),
-        "--device", "cpu",
-        "--host", "127.0.0.1",
-        "--port", str(port),
-    ]  # fmt: skip
-    return [*command, "--continuous-batching"] if continuous_batching else command
-
-
 def run_engine_alone(model: Path, plan: Plan, specs: dict[int, list[RequestSpec]]) -> list[Summary]:
     """The same requests straight into `backend.engine.Engine`, in this process."""
     target = EngineTarget(model, plan.max_num_seqs, name=ENGINE)
@@ -332,14 +267,17 @@ def run_ours(
         ids = explicit_ids(vocab_size)
         target = TritonTarget(server.grpc_url, logprob_token_ids=ids, name=GRPC_EXPLICIT)
         summaries.append(asyncio.run(measure(target, specs[c], c, plan)))
-        port = free_port()
-        health = f"http://127.0.0.1:{port}/health/ready"
-        with ServerProcess(adapter_command(port, server.grpc_url), health, tmp / "adapter.log"):
+        adapter = AdapterServer(
+            server.grpc_url,
+            port=0,
+            served_model_name="bench",
+            log_path=tmp / "adapter.log",
+            options={"log_level": "warning"},
+        )
+        with adapter:
             for endpoint_is_chat in (False, True) if chat else (False,):
                 for concurrency in plan.concurrencies:
-                    target = adapter_target(
-                        f"http://127.0.0.1:{port}", endpoint_is_chat, concurrency
-                    )
+                    target = adapter_target(adapter.url, endpoint_is_chat, concurrency)
                     summaries.append(
                         asyncio.run(measure(target, specs[concurrency], concurrency, plan))
                     )
@@ -353,14 +291,13 @@ def run_peer(
     summaries = []
     for continuous_batching in (False, True):
         mode = "continuous-batching" if continuous_batching else "plain"
-        port = free_port()
-        command = peer_command(model, port, continuous_batching)
-        with ServerProcess(command, f"http://127.0.0.1:{port}/health", tmp / f"peer-{mode}.log"):
+        peer = PeerServer(model, free_port(), continuous_batching, tmp / f"peer-{mode}.log")
+        with peer:
             for endpoint_is_chat in (False, True) if chat else (False,):
                 endpoint = "chat" if endpoint_is_chat else "completions"
                 for concurrency in plan.concurrencies:
                     target = OpenAITarget(
-                        f"http://127.0.0.1:{port}",
+                        f"http://127.0.0.1:{peer.port}",
                         str(model),
                         f"{PEER} ({mode}) {endpoint}",
                         chat=endpoint_is_chat,

@@ -35,27 +35,7 @@ from adapter.protocol import StreamOptions, UsageInfo
 from adapter.settings import AdapterSettings
 from adapter.tensors import GenerationParams, TritonOutput
 from adapter.triton_client import Engine, ModelInfo
-from backend.triton_io import (
-    ADD_SPECIAL_TOKENS,
-    ALLOWED_TOKEN_IDS,
-    FREQUENCY_PENALTY,
-    IGNORE_EOS,
-    INCLUDE_STOP_STR_IN_OUTPUT,
-    INPUT_IDS,
-    LOGIT_BIAS_IDS,
-    LOGIT_BIAS_VALUES,
-    LOGPROB_TOKEN_IDS,
-    MAX_TOKENS,
-    MIN_TOKENS,
-    PRESENCE_PENALTY,
-    REPETITION_PENALTY,
-    SEED,
-    STOP,
-    STOP_TOKEN_IDS,
-    TEMPERATURE,
-    TOP_K,
-    TOP_P,
-)
+from backend import contract
 
 logger = logging.getLogger(__name__)
 
@@ -66,24 +46,24 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 """No caching, and no buffering in nginx-style proxies, so each token leaves at once."""
 
 SAMPLING_TENSOR_PARAMS: Mapping[str, str] = {
-    ADD_SPECIAL_TOKENS: "add_special_tokens",
-    MAX_TOKENS: "max_tokens",
-    TEMPERATURE: "temperature",
-    TOP_P: "top_p",
-    TOP_K: "top_k",
-    SEED: "seed",
-    STOP: "stop",
-    STOP_TOKEN_IDS: "stop_token_ids",
-    INCLUDE_STOP_STR_IN_OUTPUT: "include_stop_str_in_output",
-    IGNORE_EOS: "ignore_eos",
-    MIN_TOKENS: "min_tokens",
-    PRESENCE_PENALTY: "presence_penalty",
-    FREQUENCY_PENALTY: "frequency_penalty",
-    REPETITION_PENALTY: "repetition_penalty",
-    LOGIT_BIAS_IDS: "logit_bias",
-    LOGIT_BIAS_VALUES: "logit_bias",
-    ALLOWED_TOKEN_IDS: "allowed_token_ids",
-    LOGPROB_TOKEN_IDS: "logprob_token_ids",
+    contract.ADD_SPECIAL_TOKENS: "add_special_tokens",
+    contract.MAX_TOKENS: "max_tokens",
+    contract.TEMPERATURE: "temperature",
+    contract.TOP_P: "top_p",
+    contract.TOP_K: "top_k",
+    contract.SEED: "seed",
+    contract.STOP: "stop",
+    contract.STOP_TOKEN_IDS: "stop_token_ids",
+    contract.INCLUDE_STOP_STR_IN_OUTPUT: "include_stop_str_in_output",
+    contract.IGNORE_EOS: "ignore_eos",
+    contract.MIN_TOKENS: "min_tokens",
+    contract.PRESENCE_PENALTY: "presence_penalty",
+    contract.FREQUENCY_PENALTY: "frequency_penalty",
+    contract.REPETITION_PENALTY: "repetition_penalty",
+    contract.LOGIT_BIAS_IDS: "logit_bias",
+    contract.LOGIT_BIAS_VALUES: "logit_bias",
+    contract.ALLOWED_TOKEN_IDS: "allowed_token_ids",
+    contract.LOGPROB_TOKEN_IDS: "logprob_token_ids",
 }
 """Triton input -> request field, for the inputs both endpoints send alike."""
 
@@ -313,7 +293,7 @@ class OpenAIServing:
         """Each id's bytes (special tokens' text included), `parameter` named on a bad id."""
         if not ids:
             return []
-        with self.field_errors({INPUT_IDS: parameter}):
+        with self.field_errors({contract.INPUT_IDS: parameter}):
             return await self.engine.token_bytes(ids, request_id)
 
     @staticmethod

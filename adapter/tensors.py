@@ -11,55 +11,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
-from backend.triton_io import (
-    ADD_SPECIAL_TOKENS,
-    ALLOWED_TOKEN_IDS,
-    ALWAYS_OUTPUTS,
-    COMPLETION_TOKENS,
-    FINISH_REASON,
-    FREQUENCY_PENALTY,
-    IGNORE_EOS,
-    INCLUDE_STOP_STR_IN_OUTPUT,
-    INPUT_IDS,
-    LOGIT_BIAS_IDS,
-    LOGIT_BIAS_VALUES,
-    LOGPROB_OUTPUTS,
-    LOGPROB_TOKEN_BYTES,
-    LOGPROB_TOKEN_IDS,
-    LOGPROB_TOKEN_LOGPROBS,
-    LOGPROBS,
-    MAX_TOKENS,
-    MESSAGES,
-    MIN_TOKENS,
-    OUTPUT_IDS,
-    OUTPUT_LOGPROBS,
-    OUTPUT_TOKEN_BYTES,
-    PRESENCE_PENALTY,
-    PROMPT_IDS,
-    PROMPT_LOGPROB_TOKEN_BYTES,
-    PROMPT_LOGPROB_TOKEN_IDS,
-    PROMPT_LOGPROB_TOKEN_LOGPROBS,
-    PROMPT_LOGPROBS,
-    PROMPT_OUTPUTS,
-    PROMPT_TOKEN_BYTES,
-    PROMPT_TOKEN_LOGPROBS,
-    PROMPT_TOKENS,
-    PROMPT_TOP_LOGPROB_IDS,
-    PROMPT_TOP_LOGPROB_TOKEN_BYTES,
-    PROMPT_TOP_LOGPROBS,
-    REPETITION_PENALTY,
-    SEED,
-    STOP,
-    STOP_TOKEN_IDS,
-    TEMPERATURE,
-    TEXT_INPUT,
-    TEXT_OUTPUT,
-    TOP_K,
-    TOP_LOGPROB_IDS,
-    TOP_LOGPROB_TOKEN_BYTES,
-    TOP_LOGPROBS,
-    TOP_P,
-)
+from backend import contract
 
 
 @dataclass(frozen=True)
@@ -116,11 +68,11 @@ class GenerationParams:
     def output_names(self) -> tuple[str, ...]:
         """The `llm` outputs this request reads: the model builds only those, and a response
         without logprobs carries five small tensors rather than every one."""
-        names = ALWAYS_OUTPUTS
+        names = contract.ALWAYS_OUTPUTS
         if self.logprobs is not None or self.logprob_token_ids:
-            names += LOGPROB_OUTPUTS
+            names += contract.LOGPROB_OUTPUTS
         if self.prompt_logprobs is not None or self.prompt_logprob_token_ids:
-            names += PROMPT_OUTPUTS
+            names += contract.PROMPT_OUTPUTS
         return names
 
 
@@ -138,12 +90,12 @@ def preprocessing_inputs(params: GenerationParams) -> dict[str, np.ndarray]:
         raise ValueError("preprocessing needs exactly one of text, messages")
     arrays: dict[str, np.ndarray] = {}
     if params.text is not None:
-        arrays[TEXT_INPUT] = _strings([params.text])
+        arrays[contract.TEXT_INPUT] = _strings([params.text])
     else:
         messages = list(params.messages or ())
-        arrays[MESSAGES] = _strings([json.dumps(messages, ensure_ascii=False)])
+        arrays[contract.MESSAGES] = _strings([json.dumps(messages, ensure_ascii=False)])
     if params.add_special_tokens is not None:
-        arrays[ADD_SPECIAL_TOKENS] = _scalar(params.add_special_tokens, np.bool_)
+        arrays[contract.ADD_SPECIAL_TOKENS] = _scalar(params.add_special_tokens, np.bool_)
     return arrays
 
 
@@ -151,34 +103,34 @@ def llm_inputs(
     params: GenerationParams, prompt_ids: Sequence[int] | np.ndarray
 ) -> dict[str, np.ndarray]:
     """The `llm` model's inputs, typed as its config declares them; unset options are left out."""
-    arrays: dict[str, np.ndarray] = {INPUT_IDS: np.asarray(prompt_ids, dtype=np.int32)}
+    arrays: dict[str, np.ndarray] = {contract.INPUT_IDS: np.asarray(prompt_ids, dtype=np.int32)}
     scalars: list[tuple[str, Any, type[np.generic]]] = [
-        (MAX_TOKENS, params.max_tokens, np.int32),
-        (TEMPERATURE, params.temperature, np.float32),
-        (TOP_P, params.top_p, np.float32),
-        (TOP_K, params.top_k, np.int32),
-        (SEED, params.seed, np.int64),
-        (INCLUDE_STOP_STR_IN_OUTPUT, params.include_stop_str_in_output, np.bool_),
-        (IGNORE_EOS, params.ignore_eos, np.bool_),
-        (MIN_TOKENS, params.min_tokens, np.int32),
-        (PRESENCE_PENALTY, params.presence_penalty, np.float32),
-        (FREQUENCY_PENALTY, params.frequency_penalty, np.float32),
-        (REPETITION_PENALTY, params.repetition_penalty, np.float32),
-        (LOGPROBS, params.logprobs, np.int32),
-        (PROMPT_LOGPROBS, params.prompt_logprobs, np.int32),
+        (contract.MAX_TOKENS, params.max_tokens, np.int32),
+        (contract.TEMPERATURE, params.temperature, np.float32),
+        (contract.TOP_P, params.top_p, np.float32),
+        (contract.TOP_K, params.top_k, np.int32),
+        (contract.SEED, params.seed, np.int64),
+        (contract.INCLUDE_STOP_STR_IN_OUTPUT, params.include_stop_str_in_output, np.bool_),
+        (contract.IGNORE_EOS, params.ignore_eos, np.bool_),
+        (contract.MIN_TOKENS, params.min_tokens, np.int32),
+        (contract.PRESENCE_PENALTY, params.presence_penalty, np.float32),
+        (contract.FREQUENCY_PENALTY, params.frequency_penalty, np.float32),
+        (contract.REPETITION_PENALTY, params.repetition_penalty, np.float32),
+        (contract.LOGPROBS, params.logprobs, np.int32),
+        (contract.PROMPT_LOGPROBS, params.prompt_logprobs, np.int32),
     ]
     for name, value, dtype in scalars:
         if value is not None:
             arrays[name] = _scalar(value, dtype)
     if params.stop:
-        arrays[STOP] = _strings(params.stop)
+        arrays[contract.STOP] = _strings(params.stop)
     lists: list[tuple[str, Sequence[float], type[np.generic]]] = [
-        (STOP_TOKEN_IDS, params.stop_token_ids, np.int32),
-        (LOGIT_BIAS_IDS, [token for token, _ in params.logit_bias], np.int32),
-        (LOGIT_BIAS_VALUES, [bias for _, bias in params.logit_bias], np.float32),
-        (ALLOWED_TOKEN_IDS, params.allowed_token_ids, np.int32),
-        (LOGPROB_TOKEN_IDS, params.logprob_token_ids, np.int32),
-        (PROMPT_LOGPROB_TOKEN_IDS, params.prompt_logprob_token_ids, np.int32),
+        (contract.STOP_TOKEN_IDS, params.stop_token_ids, np.int32),
+        (contract.LOGIT_BIAS_IDS, [token for token, _ in params.logit_bias], np.int32),
+        (contract.LOGIT_BIAS_VALUES, [bias for _, bias in params.logit_bias], np.float32),
+        (contract.ALLOWED_TOKEN_IDS, params.allowed_token_ids, np.int32),
+        (contract.LOGPROB_TOKEN_IDS, params.logprob_token_ids, np.int32),
+        (contract.PROMPT_LOGPROB_TOKEN_IDS, params.prompt_logprob_token_ids, np.int32),
     ]
     for name, values, dtype in lists:
         if values:
@@ -278,36 +230,36 @@ class TritonOutput(LogprobRows):
                 "requested_logprobs": values(requested),
             }
 
-        prompt_ids = values(PROMPT_IDS)
+        prompt_ids = values(contract.PROMPT_IDS)
         prompt = None
         if prompt_ids:
             prompt = PromptOutput(
                 ids=prompt_ids,
-                token_bytes=values(PROMPT_TOKEN_BYTES),
-                requested_token_bytes=values(PROMPT_LOGPROB_TOKEN_BYTES),
+                token_bytes=values(contract.PROMPT_TOKEN_BYTES),
+                requested_token_bytes=values(contract.PROMPT_LOGPROB_TOKEN_BYTES),
                 **rows(
-                    PROMPT_TOKEN_LOGPROBS,
-                    PROMPT_TOP_LOGPROB_IDS,
-                    PROMPT_TOP_LOGPROBS,
-                    PROMPT_TOP_LOGPROB_TOKEN_BYTES,
-                    PROMPT_LOGPROB_TOKEN_LOGPROBS,
+                    contract.PROMPT_TOKEN_LOGPROBS,
+                    contract.PROMPT_TOP_LOGPROB_IDS,
+                    contract.PROMPT_TOP_LOGPROBS,
+                    contract.PROMPT_TOP_LOGPROB_TOKEN_BYTES,
+                    contract.PROMPT_LOGPROB_TOKEN_LOGPROBS,
                 ),
             )
         return cls(
-            output_ids=values(OUTPUT_IDS),
-            text=text(TEXT_OUTPUT),
-            token_bytes=values(OUTPUT_TOKEN_BYTES),
+            output_ids=values(contract.OUTPUT_IDS),
+            text=text(contract.TEXT_OUTPUT),
+            token_bytes=values(contract.OUTPUT_TOKEN_BYTES),
             **rows(
-                OUTPUT_LOGPROBS,
-                TOP_LOGPROB_IDS,
-                TOP_LOGPROBS,
-                TOP_LOGPROB_TOKEN_BYTES,
-                LOGPROB_TOKEN_LOGPROBS,
+                contract.OUTPUT_LOGPROBS,
+                contract.TOP_LOGPROB_IDS,
+                contract.TOP_LOGPROBS,
+                contract.TOP_LOGPROB_TOKEN_BYTES,
+                contract.LOGPROB_TOKEN_LOGPROBS,
             ),
-            requested_token_bytes=values(LOGPROB_TOKEN_BYTES),
-            finish_reason=text(FINISH_REASON) or None,
-            prompt_tokens=count(PROMPT_TOKENS),
-            completion_tokens=count(COMPLETION_TOKENS),
+            requested_token_bytes=values(contract.LOGPROB_TOKEN_BYTES),
+            finish_reason=text(contract.FINISH_REASON) or None,
+            prompt_tokens=count(contract.PROMPT_TOKENS),
+            completion_tokens=count(contract.COMPLETION_TOKENS),
             final=final,
             prompt=prompt,
         )

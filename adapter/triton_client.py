@@ -34,65 +34,10 @@ from adapter.tensors import (
     preprocessing_inputs,
     to_infer_inputs,
 )
-from backend.triton_io import (
-    ADD_SPECIAL_TOKENS,
-    ALLOWED_TOKEN_IDS,
-    FREQUENCY_PENALTY,
-    IGNORE_EOS,
-    INCLUDE_STOP_STR_IN_OUTPUT,
-    INPUT_IDS,
-    LOGIT_BIAS_IDS,
-    LOGIT_BIAS_VALUES,
-    LOGPROB_TOKEN_IDS,
-    LOGPROBS,
-    MAX_TOKENS,
-    MESSAGES,
-    MIN_TOKENS,
-    PRESENCE_PENALTY,
-    PROMPT_LOGPROB_TOKEN_IDS,
-    PROMPT_LOGPROBS,
-    REPETITION_PENALTY,
-    SEED,
-    STOP,
-    STOP_TOKEN_IDS,
-    TEMPERATURE,
-    TEXT_INPUT,
-    TOKEN_BYTES,
-    TOP_K,
-    TOP_P,
-)
+from backend import contract
 
 logger = logging.getLogger(__name__)
 
-INPUT_TENSORS = frozenset(
-    {
-        INPUT_IDS,
-        TEXT_INPUT,
-        MESSAGES,
-        ADD_SPECIAL_TOKENS,
-        MAX_TOKENS,
-        TEMPERATURE,
-        TOP_P,
-        TOP_K,
-        SEED,
-        STOP,
-        STOP_TOKEN_IDS,
-        IGNORE_EOS,
-        LOGPROBS,
-        LOGPROB_TOKEN_IDS,
-        PROMPT_LOGPROBS,
-        PROMPT_LOGPROB_TOKEN_IDS,
-        PRESENCE_PENALTY,
-        FREQUENCY_PENALTY,
-        REPETITION_PENALTY,
-        LOGIT_BIAS_IDS,
-        LOGIT_BIAS_VALUES,
-        ALLOWED_TOKEN_IDS,
-        MIN_TOKENS,
-        INCLUDE_STOP_STR_IN_OUTPUT,
-    }
-)
-"""Every input of `preprocessing` and `llm`: an error message naming one is the request's fault."""
 
 # The model reports bad input as "<TENSOR>: <detail>"; Triton may put a request-id tag and, for
 # a composing model, "in ensemble '<name>', " in front.
@@ -130,8 +75,8 @@ class ModelInfo:
     """The `llm` model's config parameters the adapter validates against (read once, cached)."""
 
     max_model_len: int | None = None
-    max_logprobs: int = 20
-    max_logprob_token_ids: int = 1024
+    max_logprobs: int = contract.DEFAULT_MAX_LOGPROBS
+    max_logprob_token_ids: int = contract.DEFAULT_MAX_LOGPROB_TOKEN_IDS
     model_path: str | None = None
 
     @classmethod
@@ -194,7 +139,7 @@ class Engine(Protocol):
 def error_from_triton(message: str) -> Exception:
     """Classifies an error message of a Triton stream (the stream drops the status code)."""
     match = _INPUT_ERROR.match(message)
-    if match and match.group(1) in INPUT_TENSORS:
+    if match and match.group(1) in contract.INPUT_NAMES:
         return TritonInputError(match.group(1), match.group(2))
     # The engine refuses work with "server busy: ..." when its waiting queue is full.
     if "Request for unknown model" in message or message.startswith("server busy"):
@@ -346,13 +291,15 @@ class TritonEngine:
 
     async def tokenize(self, params: GenerationParams, request_id: str) -> list[int]:
         """INPUT_IDS of a text or chat prompt, from the `preprocessing` model."""
-        ids = await self._preprocess_any(preprocessing_inputs(params), INPUT_IDS, request_id)
+        ids = await self._preprocess_any(
+            preprocessing_inputs(params), contract.INPUT_IDS, request_id
+        )
         return ids.tolist()
 
     async def token_bytes(self, ids: Sequence[int], request_id: str) -> list[bytes]:
         """TOKEN_BYTES of `preprocessing` given INPUT_IDS alone."""
-        arrays = {INPUT_IDS: np.asarray(ids, dtype=np.int32)}
-        return (await self._preprocess_any(arrays, TOKEN_BYTES, request_id)).tolist()
+        arrays = {contract.INPUT_IDS: np.asarray(ids, dtype=np.int32)}
+        return (await self._preprocess_any(arrays, contract.TOKEN_BYTES, request_id)).tolist()
 
     async def generate(
         self, params: GenerationParams, request_id: str
@@ -382,7 +329,9 @@ class TritonEngine:
         prompt_ids: Sequence[int] = params.prompt_ids or ()
         if params.needs_tokenizing:
             arrays = preprocessing_inputs(params)
-            prompt_ids = (await self._preprocess(address, arrays, INPUT_IDS, request_id)).tolist()
+            prompt_ids = (
+                await self._preprocess(address, arrays, contract.INPUT_IDS, request_id)
+            ).tolist()
         model = self._llm_model
         request: dict[str, Any] = {
             "model_name": model,

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
-MAX_TOP_K = 20
+from backend.contract import DEFAULT_MAX_LOGPROB_TOKEN_IDS, DEFAULT_MAX_LOGPROBS, MAX_TOP_K
+
 RESTARTS_ENV = "LLM_SERVER_RESTARTS"
 """How often the launcher has restarted tritonserver after a fault; the `llm` model reports it
 (`llm_server_restarts_total`), since Triton's own counters start again at 0 with the server."""
-"""The logprob kernel's largest natural top-k (OpenAI's `top_logprobs` maximum too)."""
 
 
 def _parameters(model_config: dict[str, Any]) -> dict[str, str]:
@@ -50,8 +50,8 @@ class LLMConfig:
     """KV cache budget; 0 = room for `max_num_seqs` sequences of `max_model_len` tokens."""
     max_queue_size: int = 256
     """Requests waiting for a slot beyond which new ones get a "server busy" error."""
-    max_logprobs: int = 20
-    max_logprob_token_ids: int = 1024
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS
+    max_logprob_token_ids: int = DEFAULT_MAX_LOGPROB_TOKEN_IDS
     max_tokens_per_response: int = 0
     """Most tokens one streamed response carries when the engine runs ahead; 0 = no cap."""
     fast_decode: bool = True
@@ -71,20 +71,19 @@ class LLMConfig:
         params = _parameters(model_config)
         if not params.get("model_path"):
             raise ValueError("config.pbtxt parameter `model_path` is required")
-        return cls(
-            model_path=resolve_model_path(params["model_path"], model_repository),
-            device=params.get("device", "auto") or "auto",
-            dtype=params.get("dtype", "auto") or "auto",
-            max_model_len=int(params.get("max_model_len", 0) or 0),
-            max_num_seqs=int(params.get("max_num_seqs", 16) or 16),
-            num_threads=int(params.get("num_threads", 0) or 0),
-            kv_cache_memory_mb=int(params.get("kv_cache_memory_mb", 0) or 0),
-            max_queue_size=int(params.get("max_queue_size", 256) or 256),
-            max_logprobs=int(params.get("max_logprobs", 20) or 20),
-            max_logprob_token_ids=int(params.get("max_logprob_token_ids", 1024) or 1024),
-            max_tokens_per_response=int(params.get("max_tokens_per_response", 0) or 0),
-            fast_decode=_boolean(params.get("fast_decode", "true") or "true", "fast_decode"),
-        )
+        values: dict[str, Any] = {}
+        types = get_type_hints(cls)
+        for field in fields(cls):
+            raw = params.get(field.name, "").strip()
+            if field.name == "model_path" or not raw:  # empty = the default
+                continue
+            if types[field.name] is bool:
+                values[field.name] = _boolean(raw, field.name)
+            elif types[field.name] is int:
+                values[field.name] = int(raw)
+            else:
+                values[field.name] = raw
+        return cls(model_path=resolve_model_path(params["model_path"], model_repository), **values)
 
 
 def preprocessing_model_path(model_config: dict[str, Any], model_repository: str) -> str:

@@ -19,6 +19,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from backend.contract import DEFAULT_MAX_LOGPROB_TOKEN_IDS, DEFAULT_MAX_LOGPROBS
 from backend.detokenizer import IncrementalDetokenizer
 from backend.model_runner import ModelRunner
 from backend.outputs import BUSY, CANCELLED, INTERNAL, PromptLogprobs, StepOutput
@@ -84,8 +85,8 @@ class Engine:
     def __init__(
         self,
         runner: ModelRunner,
-        max_logprobs: int = 20,
-        max_logprob_token_ids: int = 1024,
+        max_logprobs: int = DEFAULT_MAX_LOGPROBS,
+        max_logprob_token_ids: int = DEFAULT_MAX_LOGPROB_TOKEN_IDS,
         max_queue_size: int = 256,
         on_stats: Callable[[EngineStats], None] | None = None,
     ) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from backend.contract import DEFAULT_MAX_LOGPROB_TOKEN_IDS, DEFAULT_MAX_LOGPROBS
+
 
 class InvalidRequestError(ValueError):
     """A request the engine refuses; `parameter` names the offending tensor."""
@@ -20,9 +22,9 @@ class EngineLimits:
     vocab_size: int
     max_model_len: int
     """Prompt plus generated tokens; a prompt must leave room for at least one token."""
-    max_logprobs: int = 20
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS
     """Largest natural top-k (`LOGPROBS`)."""
-    max_logprob_token_ids: int = 1024
+    max_logprob_token_ids: int = DEFAULT_MAX_LOGPROB_TOKEN_IDS
     """Most explicit ids (`LOGPROB_TOKEN_IDS`) per request."""
 
 

@@ -8,9 +8,13 @@ import json
 import numpy as np
 from transformers import AutoConfig, AutoTokenizer
 
+from backend.contract import (
+    INPUT_IDS,
+    MESSAGES,
+    TEXT_INPUT,
+)
 from backend.params import InvalidRequestError
 from backend.token_bytes import token_bytes_table
-from backend.triton_io import INPUT_IDS, MESSAGES, TEXT_INPUT
 
 
 def _one_string(name: str, value: np.ndarray) -> str:

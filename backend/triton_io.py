@@ -1,8 +1,5 @@
-"""Tensor names of the Triton contract, and numpy arrays <-> engine params/outputs.
-
-Every name is a constant here so a typo fails at import time. This module imports only numpy:
-the adapter uses the names too and must stay free of torch.
-"""
+"""The `llm` model's numpy arrays <-> engine params and outputs, by the tensor names of
+`backend.contract`."""
 
 from __future__ import annotations
 
@@ -11,86 +8,55 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from backend.contract import (
+    ALLOWED_TOKEN_IDS,
+    COMPLETION_TOKENS,
+    FINISH_REASON,
+    FREQUENCY_PENALTY,
+    IGNORE_EOS,
+    INCLUDE_STOP_STR_IN_OUTPUT,
+    INPUT_IDS,
+    LOGIT_BIAS_IDS,
+    LOGIT_BIAS_VALUES,
+    LOGPROB_TOKEN_BYTES,
+    LOGPROB_TOKEN_IDS,
+    LOGPROB_TOKEN_LOGPROBS,
+    LOGPROBS,
+    MAX_TOKENS,
+    MIN_TOKENS,
+    NEG_INF_LOGPROB,
+    OUTPUT_IDS,
+    OUTPUT_LOGPROBS,
+    OUTPUT_TOKEN_BYTES,
+    PRESENCE_PENALTY,
+    PROMPT_IDS,
+    PROMPT_LOGPROB_TOKEN_BYTES,
+    PROMPT_LOGPROB_TOKEN_IDS,
+    PROMPT_LOGPROB_TOKEN_LOGPROBS,
+    PROMPT_LOGPROBS,
+    PROMPT_OUTPUTS,
+    PROMPT_TOKEN_BYTES,
+    PROMPT_TOKEN_LOGPROBS,
+    PROMPT_TOKENS,
+    PROMPT_TOP_LOGPROB_IDS,
+    PROMPT_TOP_LOGPROB_TOKEN_BYTES,
+    PROMPT_TOP_LOGPROBS,
+    REPETITION_PENALTY,
+    SEED,
+    STOP,
+    STOP_TOKEN_IDS,
+    TEMPERATURE,
+    TEXT_OUTPUT,
+    TOP_K,
+    TOP_LOGPROB_IDS,
+    TOP_LOGPROB_TOKEN_BYTES,
+    TOP_LOGPROBS,
+    TOP_P,
+)
 from backend.params import EngineLimits, GenerationParams, InvalidRequestError
 
 if TYPE_CHECKING:
     from backend.outputs import PromptLogprobs, StepOutput
-
-# --- inputs of `llm` (and of `ensemble`, which forwards them) ---------------------------------
-INPUT_IDS = "INPUT_IDS"  # INT32 [-1], llm only
-TEXT_INPUT = "TEXT_INPUT"  # BYTES [1], ensemble / preprocessing only
-MESSAGES = "MESSAGES"  # BYTES [1] JSON list of chat messages, ensemble / preprocessing only
-ADD_SPECIAL_TOKENS = "ADD_SPECIAL_TOKENS"  # BOOL [1], preprocessing only
-TOKEN_BYTES = "TOKEN_BYTES"  # BYTES [-1], preprocessing output: the bytes of INPUT_IDS
-MAX_TOKENS = "MAX_TOKENS"  # INT32 [1]
-TEMPERATURE = "TEMPERATURE"  # FP32 [1]
-TOP_P = "TOP_P"  # FP32 [1]
-TOP_K = "TOP_K"  # INT32 [1]
-SEED = "SEED"  # INT64 [1]
-STOP = "STOP"  # BYTES [-1]
-STOP_TOKEN_IDS = "STOP_TOKEN_IDS"  # INT32 [-1]
-IGNORE_EOS = "IGNORE_EOS"  # BOOL [1]
-LOGPROBS = "LOGPROBS"  # INT32 [1]
-LOGPROB_TOKEN_IDS = "LOGPROB_TOKEN_IDS"  # INT32 [-1]
-PROMPT_LOGPROBS = "PROMPT_LOGPROBS"  # INT32 [1]
-PROMPT_LOGPROB_TOKEN_IDS = "PROMPT_LOGPROB_TOKEN_IDS"  # INT32 [-1]
-PRESENCE_PENALTY = "PRESENCE_PENALTY"  # FP32 [1]
-FREQUENCY_PENALTY = "FREQUENCY_PENALTY"  # FP32 [1]
-REPETITION_PENALTY = "REPETITION_PENALTY"  # FP32 [1]
-LOGIT_BIAS_IDS = "LOGIT_BIAS_IDS"  # INT32 [-1]
-LOGIT_BIAS_VALUES = "LOGIT_BIAS_VALUES"  # FP32 [-1], same length as LOGIT_BIAS_IDS
-ALLOWED_TOKEN_IDS = "ALLOWED_TOKEN_IDS"  # INT32 [-1]
-MIN_TOKENS = "MIN_TOKENS"  # INT32 [1]
-INCLUDE_STOP_STR_IN_OUTPUT = "INCLUDE_STOP_STR_IN_OUTPUT"  # BOOL [1]
-
-# --- outputs of every streamed response (deltas) ----------------------------------------------
-OUTPUT_IDS = "OUTPUT_IDS"  # INT32 [n]
-TEXT_OUTPUT = "TEXT_OUTPUT"  # BYTES [1]
-OUTPUT_LOGPROBS = "OUTPUT_LOGPROBS"  # FP32 [n]
-OUTPUT_TOKEN_BYTES = "OUTPUT_TOKEN_BYTES"  # BYTES [n]
-TOP_LOGPROB_IDS = "TOP_LOGPROB_IDS"  # INT32 [n, k]
-TOP_LOGPROBS = "TOP_LOGPROBS"  # FP32 [n, k]
-TOP_LOGPROB_TOKEN_BYTES = "TOP_LOGPROB_TOKEN_BYTES"  # BYTES [n, k]
-LOGPROB_TOKEN_LOGPROBS = "LOGPROB_TOKEN_LOGPROBS"  # FP32 [n, M]
-LOGPROB_TOKEN_BYTES = "LOGPROB_TOKEN_BYTES"  # BYTES [M] on the first response, [0] after
-FINISH_REASON = "FINISH_REASON"  # BYTES [1], "" until the final response
-PROMPT_TOKENS = "PROMPT_TOKENS"  # INT32 [1]
-COMPLETION_TOKENS = "COMPLETION_TOKENS"  # INT32 [1], cumulative
-# Prompt logprobs, on the first response when PROMPT_LOGPROBS or PROMPT_LOGPROB_TOKEN_IDS is
-# given, zero-size otherwise. Position i (1..P-1) scores prompt token i given the tokens before.
-PROMPT_IDS = "PROMPT_IDS"  # INT32 [P]
-PROMPT_TOKEN_BYTES = "PROMPT_TOKEN_BYTES"  # BYTES [P]
-PROMPT_TOKEN_LOGPROBS = "PROMPT_TOKEN_LOGPROBS"  # FP32 [P-1]
-PROMPT_TOP_LOGPROB_IDS = "PROMPT_TOP_LOGPROB_IDS"  # INT32 [P-1, k]
-PROMPT_TOP_LOGPROBS = "PROMPT_TOP_LOGPROBS"  # FP32 [P-1, k]
-PROMPT_TOP_LOGPROB_TOKEN_BYTES = "PROMPT_TOP_LOGPROB_TOKEN_BYTES"  # BYTES [P-1, k]
-PROMPT_LOGPROB_TOKEN_LOGPROBS = "PROMPT_LOGPROB_TOKEN_LOGPROBS"  # FP32 [P-1, M]
-PROMPT_LOGPROB_TOKEN_BYTES = "PROMPT_LOGPROB_TOKEN_BYTES"  # BYTES [M]
-
-# Output groups, so that a client asks only for what it reads (`requested_output_names`).
-ALWAYS_OUTPUTS = (OUTPUT_IDS, TEXT_OUTPUT, FINISH_REASON, PROMPT_TOKENS, COMPLETION_TOKENS)
-LOGPROB_OUTPUTS = (
-    OUTPUT_LOGPROBS,
-    OUTPUT_TOKEN_BYTES,
-    TOP_LOGPROB_IDS,
-    TOP_LOGPROBS,
-    TOP_LOGPROB_TOKEN_BYTES,
-    LOGPROB_TOKEN_LOGPROBS,
-    LOGPROB_TOKEN_BYTES,
-)
-PROMPT_OUTPUTS = (
-    PROMPT_IDS,
-    PROMPT_TOKEN_BYTES,
-    PROMPT_TOKEN_LOGPROBS,
-    PROMPT_TOP_LOGPROB_IDS,
-    PROMPT_TOP_LOGPROBS,
-    PROMPT_TOP_LOGPROB_TOKEN_BYTES,
-    PROMPT_LOGPROB_TOKEN_LOGPROBS,
-    PROMPT_LOGPROB_TOKEN_BYTES,
-)
-
-# -inf cannot travel through JSON clients; vLLM and this contract send it as -9999.0.
-NEG_INF_LOGPROB = -9999.0
 
 
 def _scalar(arrays: Mapping[str, np.ndarray], name: str, kind: str):

@@ -27,7 +27,7 @@ import tritonclient.grpc.aio as grpcclient_aio
 from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.utils import np_to_triton_dtype
 
-from backend import triton_io as io
+from backend import contract
 
 PROMPT_LENGTHS = (16, 64, 128)
 OUTPUT_LENGTHS = (32, 64, 128)
@@ -138,7 +138,9 @@ class TritonTarget:
         self._url = url
         self._explicit = np.array(logprob_token_ids, dtype=np.int32)
         # What the adapter asks for with and without logprobs: the model builds only these.
-        self._outputs = io.ALWAYS_OUTPUTS + (io.LOGPROB_OUTPUTS if self._explicit.size else ())
+        self._outputs = contract.ALWAYS_OUTPUTS + (
+            contract.LOGPROB_OUTPUTS if self._explicit.size else ()
+        )
         self._client: grpcclient_aio.InferenceServerClient | None = None
 
     @property
@@ -152,14 +154,14 @@ class TritonTarget:
 
     def _inputs(self, spec: RequestSpec) -> list[InferInput]:
         inputs = [
-            _tensor(io.INPUT_IDS, np.array(spec.prompt_ids, dtype=np.int32)),
-            _tensor(io.MAX_TOKENS, np.array([spec.max_tokens], dtype=np.int32)),
-            _tensor(io.TEMPERATURE, np.array([0.0], dtype=np.float32)),
-            _tensor(io.IGNORE_EOS, np.array([True])),
+            _tensor(contract.INPUT_IDS, np.array(spec.prompt_ids, dtype=np.int32)),
+            _tensor(contract.MAX_TOKENS, np.array([spec.max_tokens], dtype=np.int32)),
+            _tensor(contract.TEMPERATURE, np.array([0.0], dtype=np.float32)),
+            _tensor(contract.IGNORE_EOS, np.array([True])),
         ]
         if self._explicit.size:
-            inputs.append(_tensor(io.LOGPROBS, np.array([0], dtype=np.int32)))
-            inputs.append(_tensor(io.LOGPROB_TOKEN_IDS, self._explicit))
+            inputs.append(_tensor(contract.LOGPROBS, np.array([0], dtype=np.int32)))
+            inputs.append(_tensor(contract.LOGPROB_TOKEN_IDS, self._explicit))
         return inputs
 
     async def generate(self, spec: RequestSpec, first_token: FirstToken) -> int:
@@ -181,14 +183,14 @@ class TritonTarget:
             async for result, error in call:
                 if error is not None:
                     raise RuntimeError(f"{self._model}: {error.message()}")
-                new = result.as_numpy(io.OUTPUT_IDS).size
+                new = result.as_numpy(contract.OUTPUT_IDS).size
                 if new and not tokens:
                     first_token()
                 tokens += new
                 if new and not checked:
-                    shape = list(result.get_output(io.LOGPROB_TOKEN_LOGPROBS).shape)
+                    shape = list(result.get_output(contract.LOGPROB_TOKEN_LOGPROBS).shape)
                     if shape != [new, self._explicit.size]:
-                        raise RuntimeError(f"{io.LOGPROB_TOKEN_LOGPROBS} has shape {shape}")
+                        raise RuntimeError(f"{contract.LOGPROB_TOKEN_LOGPROBS} has shape {shape}")
                     checked = True
                 if result.get_response().parameters["triton_final_response"].bool_param:
                     completed = True

@@ -6,8 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-MAX_TOP_K = 20
-"""OpenAI's cap on `top_logprobs`; the kernel keeps at most 32 candidates per program."""
+from backend.contract import MAX_TOP_K  # the kernel keeps at most 32 candidates per program
 
 _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

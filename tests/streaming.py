@@ -9,7 +9,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from backend import triton_io as io
+from backend import contract
 
 
 def infer_inputs(arrays: dict[str, np.ndarray]) -> list[grpcclient.InferInput]:
@@ -33,15 +33,15 @@ class StreamResult:
 
     @property
     def token_ids(self) -> list[int]:
-        return self.cat(io.OUTPUT_IDS).tolist()
+        return self.cat(contract.OUTPUT_IDS).tolist()
 
     @property
     def text(self) -> str:
-        return "".join(r[io.TEXT_OUTPUT][0].decode() for r in self.responses)
+        return "".join(r[contract.TEXT_OUTPUT][0].decode() for r in self.responses)
 
     @property
     def finish_reason(self) -> str:
-        return self.responses[-1][io.FINISH_REASON][0].decode()
+        return self.responses[-1][contract.FINISH_REASON][0].decode()
 
 
 def _is_final(result: grpcclient.InferResult) -> bool:

@@ -23,7 +23,7 @@ from adapter.logprobs import LogprobsCollector, TokenLogprob
 from adapter.protocol import INT32_MAX, UsageInfo
 from adapter.serving import SAMPLING_TENSOR_PARAMS, OpenAIServing
 from adapter.tensors import GenerationParams, TritonOutput
-from backend.triton_io import INPUT_IDS, LOGPROBS, MESSAGES
+from backend import contract
 
 logger = logging.getLogger(__name__)
 
@@ -65,9 +65,9 @@ class OpenAIServingChat(OpenAIServing):
 
     tensor_params: ClassVar[Mapping[str, str]] = {
         **SAMPLING_TENSOR_PARAMS,
-        MESSAGES: "messages",
-        INPUT_IDS: "messages",
-        LOGPROBS: "top_logprobs",
+        contract.MESSAGES: "messages",
+        contract.INPUT_IDS: "messages",
+        contract.LOGPROBS: "top_logprobs",
     }
 
     async def create_chat_completion(

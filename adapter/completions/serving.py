@@ -22,13 +22,7 @@ from adapter.logprobs import LogprobsCollector, PositionLogprobs, TokenLogprob, 
 from adapter.protocol import UsageInfo
 from adapter.serving import SAMPLING_TENSOR_PARAMS, OpenAIServing
 from adapter.tensors import GenerationParams, TritonOutput
-from backend.triton_io import (
-    INPUT_IDS,
-    LOGPROBS,
-    PROMPT_LOGPROB_TOKEN_IDS,
-    PROMPT_LOGPROBS,
-    TEXT_INPUT,
-)
+from backend import contract
 
 logger = logging.getLogger(__name__)
 
@@ -130,11 +124,11 @@ class OpenAIServingCompletion(OpenAIServing):
 
     tensor_params: ClassVar[Mapping[str, str]] = {
         **SAMPLING_TENSOR_PARAMS,
-        INPUT_IDS: "prompt",
-        TEXT_INPUT: "prompt",
-        LOGPROBS: "logprobs",
-        PROMPT_LOGPROBS: "logprobs",
-        PROMPT_LOGPROB_TOKEN_IDS: "prompt_logprob_token_ids",
+        contract.INPUT_IDS: "prompt",
+        contract.TEXT_INPUT: "prompt",
+        contract.LOGPROBS: "logprobs",
+        contract.PROMPT_LOGPROBS: "logprobs",
+        contract.PROMPT_LOGPROB_TOKEN_IDS: "prompt_logprob_token_ids",
     }
 
     async def create_completion(

@@ -16,7 +16,7 @@ from adapter.scoring.protocol import (
 )
 from adapter.serving import OpenAIServing, gather_all
 from adapter.tensors import GenerationParams
-from backend.triton_io import INPUT_IDS, LOGPROB_TOKEN_IDS, TEXT_INPUT
+from backend import contract
 
 
 def label_probabilities(logprobs: Sequence[float], apply_softmax: bool) -> list[float]:
@@ -34,9 +34,9 @@ class OpenAIServingGenerativeScoring(OpenAIServing):
     item with one `llm` request; every request of a kind is in flight together."""
 
     tensor_params: ClassVar[Mapping[str, str]] = {
-        TEXT_INPUT: "query",
-        INPUT_IDS: "items",
-        LOGPROB_TOKEN_IDS: "label_token_ids",
+        contract.TEXT_INPUT: "query",
+        contract.INPUT_IDS: "items",
+        contract.LOGPROB_TOKEN_IDS: "label_token_ids",
     }
 
     async def create_generative_scoring(
@@ -71,7 +71,7 @@ class OpenAIServingGenerativeScoring(OpenAIServing):
             )
             for item in items
         ]
-        fields = {**self.tensor_params, LOGPROB_TOKEN_IDS: label_param}
+        fields = {**self.tensor_params, contract.LOGPROB_TOKEN_IDS: label_param}
         outputs = await self.collect_all(choices, request_id, fields)
         data = []
         for index, item_outputs in enumerate(outputs):
@@ -100,7 +100,7 @@ class OpenAIServingGenerativeScoring(OpenAIServing):
         if not isinstance(value, str):
             return value
         params = GenerationParams(text=value, add_special_tokens=add_special_tokens)
-        return await self.tokenize(params, request_id, {TEXT_INPUT: parameter})
+        return await self.tokenize(params, request_id, {contract.TEXT_INPUT: parameter})
 
     async def _first_tokens(self, labels: Sequence[str], request_id: str) -> list[int]:
         """Each label's first token; two labels sharing it could not be told apart."""

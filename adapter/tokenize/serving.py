@@ -13,7 +13,7 @@ from adapter.tokenize.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from backend.triton_io import ADD_SPECIAL_TOKENS, INPUT_IDS, MESSAGES, TEXT_INPUT
+from backend import contract
 
 
 def decode(token_bytes: bytes) -> str:
@@ -24,10 +24,10 @@ class OpenAIServingTokenization(OpenAIServing):
     """Tokenizes as generation does, so the ids are the ones the model would see."""
 
     tensor_params: ClassVar[Mapping[str, str]] = {
-        TEXT_INPUT: "prompt",
-        MESSAGES: "messages",
-        ADD_SPECIAL_TOKENS: "add_special_tokens",
-        INPUT_IDS: "tokens",
+        contract.TEXT_INPUT: "prompt",
+        contract.MESSAGES: "messages",
+        contract.ADD_SPECIAL_TOKENS: "add_special_tokens",
+        contract.INPUT_IDS: "tokens",
     }
 
     async def create_tokenize(self, request: TokenizeRequest) -> TokenizeResponse:

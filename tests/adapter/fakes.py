@@ -12,7 +12,7 @@ import numpy as np
 from adapter.errors import EngineUnavailableError
 from adapter.tensors import GenerationParams, TritonOutput
 from adapter.triton_client import ModelInfo
-from backend import triton_io as io
+from backend import contract
 
 Token = tuple[int, bytes, float]
 
@@ -47,20 +47,26 @@ def response_arrays(
     joined = b"".join(t[1] for t in tokens).decode("utf-8", errors="replace")
     return {
         **_prompt_arrays(prompt, prompt_top, prompt_requested, prompt_requested_bytes),
-        io.OUTPUT_IDS: np.array([t[0] for t in tokens], dtype=np.int32),
-        io.TEXT_OUTPUT: np.array([(joined if text is None else text).encode()], dtype=np.object_),
-        io.OUTPUT_TOKEN_BYTES: np.array([t[1] for t in tokens], dtype=np.object_),
-        io.OUTPUT_LOGPROBS: np.array([t[2] for t in tokens] if logprobs else [], np.float32),
-        io.TOP_LOGPROB_IDS: np.array([[e[0] for e in row] for row in top], np.int32).reshape(n, k),
-        io.TOP_LOGPROBS: np.array([[e[2] for e in row] for row in top], np.float32).reshape(n, k),
-        io.TOP_LOGPROB_TOKEN_BYTES: np.array(
+        contract.OUTPUT_IDS: np.array([t[0] for t in tokens], dtype=np.int32),
+        contract.TEXT_OUTPUT: np.array(
+            [(joined if text is None else text).encode()], dtype=np.object_
+        ),
+        contract.OUTPUT_TOKEN_BYTES: np.array([t[1] for t in tokens], dtype=np.object_),
+        contract.OUTPUT_LOGPROBS: np.array([t[2] for t in tokens] if logprobs else [], np.float32),
+        contract.TOP_LOGPROB_IDS: np.array([[e[0] for e in row] for row in top], np.int32).reshape(
+            n, k
+        ),
+        contract.TOP_LOGPROBS: np.array([[e[2] for e in row] for row in top], np.float32).reshape(
+            n, k
+        ),
+        contract.TOP_LOGPROB_TOKEN_BYTES: np.array(
             [[e[1] for e in row] for row in top], dtype=np.object_
         ).reshape(n, k),
-        io.LOGPROB_TOKEN_LOGPROBS: np.array(requested or [], np.float32).reshape(n, m),
-        io.LOGPROB_TOKEN_BYTES: np.array(list(requested_bytes), dtype=np.object_),
-        io.FINISH_REASON: np.array([finish_reason.encode()], dtype=np.object_),
-        io.PROMPT_TOKENS: np.array([prompt_tokens], dtype=np.int32),
-        io.COMPLETION_TOKENS: np.array([completion_tokens], dtype=np.int32),
+        contract.LOGPROB_TOKEN_LOGPROBS: np.array(requested or [], np.float32).reshape(n, m),
+        contract.LOGPROB_TOKEN_BYTES: np.array(list(requested_bytes), dtype=np.object_),
+        contract.FINISH_REASON: np.array([finish_reason.encode()], dtype=np.object_),
+        contract.PROMPT_TOKENS: np.array([prompt_tokens], dtype=np.int32),
+        contract.COMPLETION_TOKENS: np.array([completion_tokens], dtype=np.int32),
     }
 
 
@@ -75,20 +81,22 @@ def _prompt_arrays(
     m = len(requested[0]) if requested else 0
     top = top or [[] for _ in range(rows)]
     return {
-        io.PROMPT_IDS: np.array([t[0] for t in prompt], dtype=np.int32),
-        io.PROMPT_TOKEN_BYTES: np.array([t[1] for t in prompt], dtype=np.object_),
-        io.PROMPT_TOKEN_LOGPROBS: np.array([t[2] for t in prompt[1:]], np.float32),
-        io.PROMPT_TOP_LOGPROB_IDS: np.array([[e[0] for e in row] for row in top], np.int32).reshape(
-            rows, k
-        ),
-        io.PROMPT_TOP_LOGPROBS: np.array([[e[2] for e in row] for row in top], np.float32).reshape(
-            rows, k
-        ),
-        io.PROMPT_TOP_LOGPROB_TOKEN_BYTES: np.array(
+        contract.PROMPT_IDS: np.array([t[0] for t in prompt], dtype=np.int32),
+        contract.PROMPT_TOKEN_BYTES: np.array([t[1] for t in prompt], dtype=np.object_),
+        contract.PROMPT_TOKEN_LOGPROBS: np.array([t[2] for t in prompt[1:]], np.float32),
+        contract.PROMPT_TOP_LOGPROB_IDS: np.array(
+            [[e[0] for e in row] for row in top], np.int32
+        ).reshape(rows, k),
+        contract.PROMPT_TOP_LOGPROBS: np.array(
+            [[e[2] for e in row] for row in top], np.float32
+        ).reshape(rows, k),
+        contract.PROMPT_TOP_LOGPROB_TOKEN_BYTES: np.array(
             [[e[1] for e in row] for row in top], dtype=np.object_
         ).reshape(rows, k),
-        io.PROMPT_LOGPROB_TOKEN_LOGPROBS: np.array(requested or [], np.float32).reshape(rows, m),
-        io.PROMPT_LOGPROB_TOKEN_BYTES: np.array(list(requested_bytes), dtype=np.object_),
+        contract.PROMPT_LOGPROB_TOKEN_LOGPROBS: np.array(requested or [], np.float32).reshape(
+            rows, m
+        ),
+        contract.PROMPT_LOGPROB_TOKEN_BYTES: np.array(list(requested_bytes), dtype=np.object_),
     }
 
 

@@ -11,7 +11,7 @@ from adapter.chat.protocol import ChatCompletionRequest
 from adapter.chat.serving import OpenAIServingChat
 from adapter.errors import EngineError, TritonInputError
 from adapter.models import OpenAIServingModels
-from backend import triton_io as io
+from backend import contract
 from tests.adapter.fakes import FakeEngine, output
 from tests.adapter.sse import sse_payloads
 
@@ -214,7 +214,7 @@ def test_too_long_chat_prompt_names_messages(
     engine: FakeEngine, client: TestClient, streamed: bool
 ) -> None:
     engine.script = [
-        TritonInputError(io.INPUT_IDS, "the prompt has 300 tokens, the context holds 256")
+        TritonInputError(contract.INPUT_IDS, "the prompt has 300 tokens, the context holds 256")
     ]
     response = client.post(URL, json={"model": "tiny", "messages": MESSAGES, "stream": streamed})
     assert response.status_code == 400

@@ -11,7 +11,7 @@ from adapter.completions.protocol import CompletionRequest
 from adapter.completions.serving import OpenAIServingCompletion
 from adapter.errors import EngineError, TritonInputError
 from adapter.models import OpenAIServingModels
-from backend import triton_io as io
+from backend import contract
 from tests.adapter.fakes import FakeEngine, output
 from tests.adapter.sse import sse_payloads
 
@@ -181,7 +181,7 @@ def test_model_input_errors_are_400_before_any_stream(
     engine: FakeEngine, client: TestClient, streamed: bool
 ) -> None:
     engine.script = [
-        TritonInputError(io.INPUT_IDS, "the prompt has 300 tokens, the context holds 256")
+        TritonInputError(contract.INPUT_IDS, "the prompt has 300 tokens, the context holds 256")
     ]
     response = client.post(URL, json={"model": "tiny", "prompt": "p", "stream": streamed})
     assert response.status_code == 400
@@ -194,7 +194,9 @@ def test_model_input_errors_are_400_before_any_stream(
 
 
 def test_vocabulary_error_names_logprob_token_ids(engine: FakeEngine, client: TestClient) -> None:
-    engine.script = [TritonInputError(io.LOGPROB_TOKEN_IDS, "id 70000 is outside the vocabulary")]
+    engine.script = [
+        TritonInputError(contract.LOGPROB_TOKEN_IDS, "id 70000 is outside the vocabulary")
+    ]
     body = {"model": "tiny", "prompt": "p", "logprobs": 0, "logprob_token_ids": [70000]}
     response = client.post(URL, json=body)
     assert response.status_code == 400
@@ -364,7 +366,7 @@ def test_one_failing_choice_fails_the_request_and_cancels_the_rest(
     engine: FakeEngine, client: TestClient, streamed: bool
 ) -> None:
     gate = asyncio.Event()  # never set: the healthy choices wait forever
-    rejected = TritonInputError(io.MIN_TOKENS, "must be in [0, MAX_TOKENS=2], got 3")
+    rejected = TritonInputError(contract.MIN_TOKENS, "must be in [0, MAX_TOKENS=2], got 3")
     engine.respond = lambda params: [rejected] if params.seed == 1 else [gate]
     body = {"model": "tiny", "prompt": "p", "n": 3, "seed": 0, "stream": streamed}
     response = client.post(URL, json=body)

@@ -20,6 +20,7 @@ from adapter.completions.protocol import CompletionRequest
 from adapter.completions.serving import CompletionChoiceBuilder
 from adapter.logprobs import LogprobsCollector
 from adapter.tensors import GenerationParams, TritonOutput, llm_inputs, to_infer_inputs
+from backend import contract
 from backend import triton_io as io
 from backend.outputs import PromptLogprobs, StepOutput, merge_outputs
 from backend.params import EngineLimits
@@ -178,7 +179,7 @@ def flat(rows: Iterable[list[Any]]) -> list[Any]:
 
 def sent(values: np.ndarray) -> list[float]:
     """Logprobs as the engine sends them: float32, -inf as -9999."""
-    return np.maximum(np.asarray(values, np.float32), io.NEG_INF_LOGPROB).reshape(-1).tolist()
+    return np.maximum(np.asarray(values, np.float32), contract.NEG_INF_LOGPROB).reshape(-1).tolist()
 
 
 @PROPERTIES

@@ -8,16 +8,13 @@ import numpy as np
 import pytest
 
 from adapter.tensors import (
-    ALWAYS_OUTPUTS,
-    LOGPROB_OUTPUTS,
-    PROMPT_OUTPUTS,
     GenerationParams,
     TritonOutput,
     llm_inputs,
     preprocessing_inputs,
     to_infer_inputs,
 )
-from backend import triton_io as io
+from backend import contract
 from tests.adapter.fakes import response_arrays
 from tests.backend.triton_config import config_tensors
 
@@ -47,27 +44,27 @@ def test_llm_inputs_with_every_option() -> None:
     )
     arrays = llm_inputs(params, np.array([5, 6], dtype=np.int32))
     expected = {
-        io.INPUT_IDS: (np.int32, [5, 6]),
-        io.MAX_TOKENS: (np.int32, [7]),
-        io.TEMPERATURE: (np.float32, [0.5]),
-        io.TOP_P: (np.float32, [np.float32(0.9)]),
-        io.TOP_K: (np.int32, [3]),
-        io.SEED: (np.int64, [2**40]),
-        io.STOP: (np.object_, [b"\n", b"END"]),
-        io.STOP_TOKEN_IDS: (np.int32, [2, 3]),
-        io.INCLUDE_STOP_STR_IN_OUTPUT: (np.bool_, [True]),
-        io.IGNORE_EOS: (np.bool_, [True]),
-        io.MIN_TOKENS: (np.int32, [2]),
-        io.PRESENCE_PENALTY: (np.float32, [0.5]),
-        io.FREQUENCY_PENALTY: (np.float32, [-0.25]),
-        io.REPETITION_PENALTY: (np.float32, [1.5]),
-        io.LOGIT_BIAS_IDS: (np.int32, [7, 8]),
-        io.LOGIT_BIAS_VALUES: (np.float32, [100.0, -2.5]),
-        io.ALLOWED_TOKEN_IDS: (np.int32, [7, 8, 9]),
-        io.LOGPROBS: (np.int32, [4]),
-        io.LOGPROB_TOKEN_IDS: (np.int32, [10, 11]),
-        io.PROMPT_LOGPROBS: (np.int32, [2]),
-        io.PROMPT_LOGPROB_TOKEN_IDS: (np.int32, [12]),
+        contract.INPUT_IDS: (np.int32, [5, 6]),
+        contract.MAX_TOKENS: (np.int32, [7]),
+        contract.TEMPERATURE: (np.float32, [0.5]),
+        contract.TOP_P: (np.float32, [np.float32(0.9)]),
+        contract.TOP_K: (np.int32, [3]),
+        contract.SEED: (np.int64, [2**40]),
+        contract.STOP: (np.object_, [b"\n", b"END"]),
+        contract.STOP_TOKEN_IDS: (np.int32, [2, 3]),
+        contract.INCLUDE_STOP_STR_IN_OUTPUT: (np.bool_, [True]),
+        contract.IGNORE_EOS: (np.bool_, [True]),
+        contract.MIN_TOKENS: (np.int32, [2]),
+        contract.PRESENCE_PENALTY: (np.float32, [0.5]),
+        contract.FREQUENCY_PENALTY: (np.float32, [-0.25]),
+        contract.REPETITION_PENALTY: (np.float32, [1.5]),
+        contract.LOGIT_BIAS_IDS: (np.int32, [7, 8]),
+        contract.LOGIT_BIAS_VALUES: (np.float32, [100.0, -2.5]),
+        contract.ALLOWED_TOKEN_IDS: (np.int32, [7, 8, 9]),
+        contract.LOGPROBS: (np.int32, [4]),
+        contract.LOGPROB_TOKEN_IDS: (np.int32, [10, 11]),
+        contract.PROMPT_LOGPROBS: (np.int32, [2]),
+        contract.PROMPT_LOGPROB_TOKEN_IDS: (np.int32, [12]),
     }
     assert arrays.keys() == expected.keys()
     for name, (dtype, values) in expected.items():
@@ -76,22 +73,22 @@ def test_llm_inputs_with_every_option() -> None:
 
 
 def test_defaults_are_left_to_the_model() -> None:
-    assert llm_inputs(GenerationParams(prompt_ids=(1, 2)), (1, 2)).keys() == {io.INPUT_IDS}
+    assert llm_inputs(GenerationParams(prompt_ids=(1, 2)), (1, 2)).keys() == {contract.INPUT_IDS}
     arrays = llm_inputs(GenerationParams(prompt_ids=(1,), logprobs=0), (1,))
-    assert arrays[io.LOGPROBS].tolist() == [0]  # 0 still asks for the sampled token's logprob
+    assert arrays[contract.LOGPROBS].tolist() == [0]  # 0 still asks for the sampled token's logprob
 
 
 def test_preprocessing_inputs_for_text_and_messages() -> None:
     text = preprocessing_inputs(GenerationParams(text="Grüße", add_special_tokens=False))
-    assert text[io.TEXT_INPUT].tolist() == ["Grüße".encode()]
-    assert text[io.ADD_SPECIAL_TOKENS].dtype == np.bool_
-    assert text[io.ADD_SPECIAL_TOKENS].tolist() == [False]
+    assert text[contract.TEXT_INPUT].tolist() == ["Grüße".encode()]
+    assert text[contract.ADD_SPECIAL_TOKENS].dtype == np.bool_
+    assert text[contract.ADD_SPECIAL_TOKENS].tolist() == [False]
 
     messages = ({"role": "user", "content": "¿Qué?"},)
     chat = preprocessing_inputs(GenerationParams(messages=messages))
-    assert chat.keys() == {io.MESSAGES}
-    assert chat[io.MESSAGES].shape == (1,)
-    assert json.loads(chat[io.MESSAGES][0].decode()) == [{"role": "user", "content": "¿Qué?"}]
+    assert chat.keys() == {contract.MESSAGES}
+    assert chat[contract.MESSAGES].shape == (1,)
+    assert json.loads(chat[contract.MESSAGES][0].decode()) == [{"role": "user", "content": "¿Qué?"}]
 
 
 @pytest.mark.parametrize(
@@ -111,14 +108,14 @@ def test_infer_inputs_carry_triton_dtypes() -> None:
     arrays = {**preprocessing_inputs(GenerationParams(text="x")), **llm_inputs(params, (1,))}
     inputs = {i.name(): i for i in to_infer_inputs(arrays)}
     assert {name: i.datatype() for name, i in inputs.items()} == {
-        io.TEXT_INPUT: "BYTES",
-        io.INPUT_IDS: "INT32",
-        io.SEED: "INT64",
-        io.TEMPERATURE: "FP32",
-        io.IGNORE_EOS: "BOOL",
-        io.LOGPROB_TOKEN_IDS: "INT32",
+        contract.TEXT_INPUT: "BYTES",
+        contract.INPUT_IDS: "INT32",
+        contract.SEED: "INT64",
+        contract.TEMPERATURE: "FP32",
+        contract.IGNORE_EOS: "BOOL",
+        contract.LOGPROB_TOKEN_IDS: "INT32",
     }
-    assert inputs[io.LOGPROB_TOKEN_IDS].shape() == [1]
+    assert inputs[contract.LOGPROB_TOKEN_IDS].shape() == [1]
 
 
 def test_output_from_arrays() -> None:
@@ -190,13 +187,13 @@ def test_a_request_asks_only_for_the_outputs_it_reads(
     fields: dict[str, object], groups: tuple[str, ...]
 ) -> None:
     names = GenerationParams(prompt_ids=(1,), **fields).output_names  # type: ignore[arg-type]
-    expected = set(ALWAYS_OUTPUTS)
-    expected |= set(LOGPROB_OUTPUTS) if "logprobs" in groups else set()
-    expected |= set(PROMPT_OUTPUTS) if "prompt" in groups else set()
+    expected = set(contract.ALWAYS_OUTPUTS)
+    expected |= set(contract.LOGPROB_OUTPUTS) if "logprobs" in groups else set()
+    expected |= set(contract.PROMPT_OUTPUTS) if "prompt" in groups else set()
     assert set(names) == expected
 
 
 def test_the_output_groups_cover_the_llm_outputs_once() -> None:
-    groups = ALWAYS_OUTPUTS + LOGPROB_OUTPUTS + PROMPT_OUTPUTS
+    groups = contract.ALWAYS_OUTPUTS + contract.LOGPROB_OUTPUTS + contract.PROMPT_OUTPUTS
     assert len(groups) == len(set(groups))
     assert set(groups) == set(config_tensors("llm", "output"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from backend import triton_io as io
+from backend import contract
 from tests.adapter.fakes import FakeEngine
 
 TEXT = "héllo"
@@ -45,7 +45,9 @@ def test_detokenize_nothing(engine: FakeEngine, client: TestClient) -> None:
 def test_detokenize_bad_ids_name_tokens(engine: FakeEngine, client: TestClient) -> None:
     from adapter.errors import TritonInputError
 
-    engine.bytes_error = TritonInputError(io.INPUT_IDS, "id 5000 is outside the vocabulary [0, 64)")
+    engine.bytes_error = TritonInputError(
+        contract.INPUT_IDS, "id 5000 is outside the vocabulary [0, 64)"
+    )
     response = client.post("/detokenize", json={"tokens": [1, 5000]})
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "tokens"

@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 from adapter.errors import EngineError, EngineUnavailableError, TritonInputError
 from adapter.tensors import GenerationParams
 from adapter.triton_client import ModelInfo, TritonEngine, error_from_triton
-from backend import triton_io as io
+from backend import contract
 from tests.adapter.fakes import response_arrays
 
 
@@ -70,7 +70,7 @@ class FakeClient:
         self.tokenized.append((model, [i.name() for i in inputs]))
         if isinstance(self.prompt_ids, Exception):
             raise self.prompt_ids
-        return FakeResult({io.INPUT_IDS: np.array(self.prompt_ids, np.int32)}, final=True)
+        return FakeResult({contract.INPUT_IDS: np.array(self.prompt_ids, np.int32)}, final=True)
 
     def stream_infer(self, inputs_iterator: AsyncIterator[dict[str, Any]]) -> FakeCall:
         async def first() -> None:
@@ -131,11 +131,14 @@ async def test_stream_ends_at_the_final_response() -> None:
         ([2], True, "length"),
     ]
     assert not call.cancelled  # a finished request is not cancelled
-    assert client.tokenized == [("preprocessing", [io.TEXT_INPUT])]
+    assert client.tokenized == [("preprocessing", [contract.TEXT_INPUT])]
     request = client.requests[0]
     assert (request["model_name"], request["request_id"]) == ("llm", "req-1")
     [prompt] = request["inputs"]
-    assert (prompt.name(), prompt.shape()) == (io.INPUT_IDS, [3])  # the ids preprocessing made
+    assert (prompt.name(), prompt.shape()) == (
+        contract.INPUT_IDS,
+        [3],
+    )  # the ids preprocessing made
 
 
 async def test_token_prompts_skip_preprocessing() -> None:
@@ -144,7 +147,10 @@ async def test_token_prompts_skip_preprocessing() -> None:
     [out] = [o async for o in engine.generate(params, "r")]
     assert out.final
     assert client.tokenized == []
-    assert [i.name() for i in client.requests[0]["inputs"]] == [io.INPUT_IDS, io.MAX_TOKENS]
+    assert [i.name() for i in client.requests[0]["inputs"]] == [
+        contract.INPUT_IDS,
+        contract.MAX_TOKENS,
+    ]
 
 
 async def test_preprocessing_errors_are_classified() -> None:
@@ -155,7 +161,7 @@ async def test_preprocessing_errors_are_classified() -> None:
     messages = ({"role": "user", "content": "x"},)
     with pytest.raises(TritonInputError) as info:
         _ = [o async for o in engine.generate(GenerationParams(messages=messages), "r")]
-    assert info.value.tensor == io.MESSAGES
+    assert info.value.tensor == contract.MESSAGES
     assert client.requests == []
 
     down = InferenceServerException("failed to connect", status="StatusCode.UNAVAILABLE")
@@ -199,7 +205,7 @@ async def test_stream_error_is_classified() -> None:
     with pytest.raises(TritonInputError) as info:
         _ = [o async for o in engine.generate(GenerationParams(text="hi"), "r")]
     assert (info.value.tensor, info.value.detail) == (
-        io.LOGPROB_TOKEN_IDS,
+        contract.LOGPROB_TOKEN_IDS,
         "id 70000 is outside the vocabulary",
     )
 
@@ -223,14 +229,18 @@ async def test_final_response_needs_a_reason() -> None:
         (
             "INPUT_IDS: the prompt has 5000 tokens, the context holds 2048",
             TritonInputError,
-            io.INPUT_IDS,
+            contract.INPUT_IDS,
         ),
-        ("[request id: cmpl-1] MAX_TOKENS: must be >= 0, got -1", TritonInputError, io.MAX_TOKENS),
-        ("MESSAGES: is not valid JSON", TritonInputError, io.MESSAGES),
+        (
+            "[request id: cmpl-1] MAX_TOKENS: must be >= 0, got -1",
+            TritonInputError,
+            contract.MAX_TOKENS,
+        ),
+        ("MESSAGES: is not valid JSON", TritonInputError, contract.MESSAGES),
         (
             "in ensemble 'ensemble', LOGPROB_TOKEN_IDS: id 70000 is outside the vocabulary",
             TritonInputError,
-            io.LOGPROB_TOKEN_IDS,
+            contract.LOGPROB_TOKEN_IDS,
         ),
         ("OUTPUT_IDS: something", EngineError, None),  # not an input: the model's own fault
         ("Request for unknown model: 'llm' is not found", EngineUnavailableError, None),

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backend import default_model
+from backend import contract, default_model
 from backend import triton_io as io
 from backend.engine import Engine, EngineStats
 from backend.model_runner import ModelRunner
@@ -140,13 +140,13 @@ def test_each_row_of_a_mixed_batch_gets_exactly_its_own_logprobs(
 
             # And the response tensors carry exactly these shapes.
             arrays = io.output_arrays(out, params)
-            assert arrays[io.OUTPUT_LOGPROBS].shape == (
+            assert arrays[contract.OUTPUT_LOGPROBS].shape == (
                 (1,) if params.logprobs is not None else (0,)
             )
-            assert arrays[io.TOP_LOGPROB_IDS].shape == (1, k)
-            assert arrays[io.TOP_LOGPROB_TOKEN_BYTES].shape == (1, k)
-            assert arrays[io.LOGPROB_TOKEN_LOGPROBS].shape == (1, m)
-            assert arrays[io.LOGPROB_TOKEN_BYTES].shape == ((m,) if step == 0 else (0,))
+            assert arrays[contract.TOP_LOGPROB_IDS].shape == (1, k)
+            assert arrays[contract.TOP_LOGPROB_TOKEN_BYTES].shape == (1, k)
+            assert arrays[contract.LOGPROB_TOKEN_LOGPROBS].shape == (1, m)
+            assert arrays[contract.LOGPROB_TOKEN_BYTES].shape == ((m,) if step == 0 else (0,))
         assert sink.outputs[-1].finish_reason == LENGTH
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from backend import default_model, response_writer
 from backend.config import RESTARTS_ENV
-from backend.triton_io import (
+from backend.contract import (
     COMPLETION_TOKENS,
     FINISH_REASON,
     IGNORE_EOS,

@@ -10,7 +10,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backend.triton_io import ADD_SPECIAL_TOKENS, INPUT_IDS, MESSAGES, TEXT_INPUT, TOKEN_BYTES
+from backend.contract import (
+    ADD_SPECIAL_TOKENS,
+    INPUT_IDS,
+    MESSAGES,
+    TEXT_INPUT,
+    TOKEN_BYTES,
+)
 from tests.fakes.pb_utils import FakeRequest
 from tests.reference import tokenizer
 

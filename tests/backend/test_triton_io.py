@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from backend import contract
 from backend import triton_io as io
 from backend.outputs import PromptLogprobs, StepOutput
 from backend.params import EngineLimits, GenerationParams, InvalidRequestError
@@ -30,7 +31,7 @@ def strings(*values: bytes) -> np.ndarray:
 
 
 def parse(**arrays: np.ndarray) -> GenerationParams:
-    return io.parse_request({io.INPUT_IDS: PROMPT, **arrays}, LIMITS, request_id="req-1")
+    return io.parse_request({contract.INPUT_IDS: PROMPT, **arrays}, LIMITS, request_id="req-1")
 
 
 def test_absent_inputs_give_the_openai_defaults() -> None:
@@ -109,10 +110,14 @@ def test_edge_values_that_are_valid() -> None:
     assert params.logprobs == 0  # only the sampled token's logprob
     assert params.wants_logprobs
     assert params.seed == -1
-    assert io.parse_request({io.INPUT_IDS: i32(*[1] * 63)}, LIMITS).prompt_ids == [1] * 63
+    assert io.parse_request({contract.INPUT_IDS: i32(*[1] * 63)}, LIMITS).prompt_ids == [1] * 63
     # Other integer widths are accepted for id and count inputs.
     wide = io.parse_request(
-        {io.INPUT_IDS: np.array([1, 2], np.int64), io.MAX_TOKENS: np.array([3], np.uint32)}, LIMITS
+        {
+            contract.INPUT_IDS: np.array([1, 2], np.int64),
+            contract.MAX_TOKENS: np.array([3], np.uint32),
+        },
+        LIMITS,
     )
     assert (wide.prompt_ids, wide.max_tokens) == ([1, 2], 3)
 
@@ -120,96 +125,184 @@ def test_edge_values_that_are_valid() -> None:
 @pytest.mark.parametrize(
     ("arrays", "parameter", "message"),
     [
-        ({io.INPUT_IDS: None}, io.INPUT_IDS, "the prompt is empty"),
-        ({io.INPUT_IDS: i32()}, io.INPUT_IDS, "the prompt is empty"),
-        ({io.INPUT_IDS: f32(1.0, 2.0)}, io.INPUT_IDS, "expected integer token ids, got dtype"),
-        ({io.INPUT_IDS: np.ones((1, 3), np.int32)}, io.INPUT_IDS, "expected a 1-D tensor"),
-        ({io.INPUT_IDS: i32(1, 1024)}, io.INPUT_IDS, "id 1024 is outside the vocabulary"),
-        ({io.INPUT_IDS: i32(-1)}, io.INPUT_IDS, "id -1 is outside the vocabulary [0, 1024)"),
-        ({io.INPUT_IDS: i32(*[1] * 64)}, io.INPUT_IDS, "has 64 tokens, the context holds 64"),
-        ({io.MAX_TOKENS: i32(-1)}, io.MAX_TOKENS, "must be >= 0, got -1"),
-        ({io.MAX_TOKENS: f32(2.0)}, io.MAX_TOKENS, "unexpected dtype float32"),
-        ({io.MAX_TOKENS: i32(1, 2)}, io.MAX_TOKENS, "expected one element, got shape [2]"),
-        ({io.MAX_TOKENS: i32()}, io.MAX_TOKENS, "expected one element, got shape [0]"),
-        ({io.TEMPERATURE: f32(-0.5)}, io.TEMPERATURE, "must be >= 0, got -0.5"),
-        ({io.TEMPERATURE: f32(math.inf)}, io.TEMPERATURE, "must be >= 0, got inf"),
-        ({io.TEMPERATURE: f32(math.nan)}, io.TEMPERATURE, "must be >= 0, got nan"),
-        ({io.TEMPERATURE: i32(1)}, io.TEMPERATURE, "unexpected dtype int32"),
-        ({io.TOP_P: f32(0.0)}, io.TOP_P, "must be in (0, 1], got 0.0"),
-        ({io.TOP_P: f32(1.5)}, io.TOP_P, "must be in (0, 1], got 1.5"),
-        ({io.TOP_P: f32(math.nan)}, io.TOP_P, "must be in (0, 1], got nan"),
-        ({io.TOP_K: i32(-2)}, io.TOP_K, "must be >= 0 (or -1 for off), got -2"),
-        ({io.TOP_K: f32(3.0)}, io.TOP_K, "unexpected dtype float32"),
-        ({io.SEED: f32(1.0)}, io.SEED, "unexpected dtype float32"),
-        ({io.STOP: strings(b"ok", b"\xff")}, io.STOP, "is not valid UTF-8"),
-        ({io.STOP_TOKEN_IDS: i32(3, 1024)}, io.STOP_TOKEN_IDS, "id 1024 is outside"),
-        ({io.STOP_TOKEN_IDS: f32(3.0)}, io.STOP_TOKEN_IDS, "expected integer token ids"),
-        ({io.IGNORE_EOS: i32(1)}, io.IGNORE_EOS, "unexpected dtype int32"),
-        ({io.LOGPROBS: i32(-1)}, io.LOGPROBS, "must be in [0, 20], got -1"),
-        ({io.LOGPROBS: i32(21)}, io.LOGPROBS, "must be in [0, 20], got 21"),
-        ({io.LOGPROBS: f32(2.0)}, io.LOGPROBS, "unexpected dtype float32"),
-        ({io.LOGPROB_TOKEN_IDS: i32()}, io.LOGPROB_TOKEN_IDS, "must not be empty"),
+        ({contract.INPUT_IDS: None}, contract.INPUT_IDS, "the prompt is empty"),
+        ({contract.INPUT_IDS: i32()}, contract.INPUT_IDS, "the prompt is empty"),
         (
-            {io.LOGPROB_TOKEN_IDS: i32(*range(9))},
-            io.LOGPROB_TOKEN_IDS,
-            "9 ids requested, at most 8",
+            {contract.INPUT_IDS: f32(1.0, 2.0)},
+            contract.INPUT_IDS,
+            "expected integer token ids, got dtype",
         ),
-        ({io.LOGPROB_TOKEN_IDS: i32(0, 1024)}, io.LOGPROB_TOKEN_IDS, "id 1024 is outside"),
-        ({io.LOGPROB_TOKEN_IDS: i32(-1)}, io.LOGPROB_TOKEN_IDS, "id -1 is outside"),
-        ({io.LOGPROB_TOKEN_IDS: f32(1.0)}, io.LOGPROB_TOKEN_IDS, "expected integer token ids"),
-        ({io.PROMPT_LOGPROBS: i32(21)}, io.PROMPT_LOGPROBS, "must be in [0, 20], got 21"),
-        ({io.PROMPT_LOGPROBS: i32(-1)}, io.PROMPT_LOGPROBS, "must be in [0, 20], got -1"),
-        ({io.PROMPT_LOGPROB_TOKEN_IDS: i32()}, io.PROMPT_LOGPROB_TOKEN_IDS, "must not be empty"),
         (
-            {io.PROMPT_LOGPROB_TOKEN_IDS: i32(*range(9))},
-            io.PROMPT_LOGPROB_TOKEN_IDS,
-            "9 ids requested, at most 8",
+            {contract.INPUT_IDS: np.ones((1, 3), np.int32)},
+            contract.INPUT_IDS,
+            "expected a 1-D tensor",
         ),
-        ({io.PROMPT_LOGPROB_TOKEN_IDS: i32(1024)}, io.PROMPT_LOGPROB_TOKEN_IDS, "id 1024 is"),
-        ({io.PRESENCE_PENALTY: f32(2.5)}, io.PRESENCE_PENALTY, "must be in [-2, 2], got 2.5"),
-        ({io.PRESENCE_PENALTY: f32(math.nan)}, io.PRESENCE_PENALTY, "must be in [-2, 2]"),
-        ({io.FREQUENCY_PENALTY: f32(-3.0)}, io.FREQUENCY_PENALTY, "must be in [-2, 2], got -3"),
-        ({io.FREQUENCY_PENALTY: i32(1)}, io.FREQUENCY_PENALTY, "unexpected dtype int32"),
-        ({io.REPETITION_PENALTY: f32(0.0)}, io.REPETITION_PENALTY, "must be > 0, got 0"),
-        ({io.REPETITION_PENALTY: f32(math.inf)}, io.REPETITION_PENALTY, "must be > 0, got inf"),
         (
-            {io.LOGIT_BIAS_IDS: i32(3, 4), io.LOGIT_BIAS_VALUES: f32(1.0)},
-            io.LOGIT_BIAS_VALUES,
-            "has 1 values for 2 ids",
-        ),
-        ({io.LOGIT_BIAS_VALUES: f32(1.0)}, io.LOGIT_BIAS_VALUES, "has 1 values for 0 ids"),
-        (
-            {io.LOGIT_BIAS_IDS: i32(1024), io.LOGIT_BIAS_VALUES: f32(1.0)},
-            io.LOGIT_BIAS_IDS,
+            {contract.INPUT_IDS: i32(1, 1024)},
+            contract.INPUT_IDS,
             "id 1024 is outside the vocabulary",
         ),
         (
-            {io.LOGIT_BIAS_IDS: i32(3), io.LOGIT_BIAS_VALUES: f32(100.5)},
-            io.LOGIT_BIAS_VALUES,
+            {contract.INPUT_IDS: i32(-1)},
+            contract.INPUT_IDS,
+            "id -1 is outside the vocabulary [0, 1024)",
+        ),
+        (
+            {contract.INPUT_IDS: i32(*[1] * 64)},
+            contract.INPUT_IDS,
+            "has 64 tokens, the context holds 64",
+        ),
+        ({contract.MAX_TOKENS: i32(-1)}, contract.MAX_TOKENS, "must be >= 0, got -1"),
+        ({contract.MAX_TOKENS: f32(2.0)}, contract.MAX_TOKENS, "unexpected dtype float32"),
+        (
+            {contract.MAX_TOKENS: i32(1, 2)},
+            contract.MAX_TOKENS,
+            "expected one element, got shape [2]",
+        ),
+        ({contract.MAX_TOKENS: i32()}, contract.MAX_TOKENS, "expected one element, got shape [0]"),
+        ({contract.TEMPERATURE: f32(-0.5)}, contract.TEMPERATURE, "must be >= 0, got -0.5"),
+        ({contract.TEMPERATURE: f32(math.inf)}, contract.TEMPERATURE, "must be >= 0, got inf"),
+        ({contract.TEMPERATURE: f32(math.nan)}, contract.TEMPERATURE, "must be >= 0, got nan"),
+        ({contract.TEMPERATURE: i32(1)}, contract.TEMPERATURE, "unexpected dtype int32"),
+        ({contract.TOP_P: f32(0.0)}, contract.TOP_P, "must be in (0, 1], got 0.0"),
+        ({contract.TOP_P: f32(1.5)}, contract.TOP_P, "must be in (0, 1], got 1.5"),
+        ({contract.TOP_P: f32(math.nan)}, contract.TOP_P, "must be in (0, 1], got nan"),
+        ({contract.TOP_K: i32(-2)}, contract.TOP_K, "must be >= 0 (or -1 for off), got -2"),
+        ({contract.TOP_K: f32(3.0)}, contract.TOP_K, "unexpected dtype float32"),
+        ({contract.SEED: f32(1.0)}, contract.SEED, "unexpected dtype float32"),
+        ({contract.STOP: strings(b"ok", b"\xff")}, contract.STOP, "is not valid UTF-8"),
+        ({contract.STOP_TOKEN_IDS: i32(3, 1024)}, contract.STOP_TOKEN_IDS, "id 1024 is outside"),
+        (
+            {contract.STOP_TOKEN_IDS: f32(3.0)},
+            contract.STOP_TOKEN_IDS,
+            "expected integer token ids",
+        ),
+        ({contract.IGNORE_EOS: i32(1)}, contract.IGNORE_EOS, "unexpected dtype int32"),
+        ({contract.LOGPROBS: i32(-1)}, contract.LOGPROBS, "must be in [0, 20], got -1"),
+        ({contract.LOGPROBS: i32(21)}, contract.LOGPROBS, "must be in [0, 20], got 21"),
+        ({contract.LOGPROBS: f32(2.0)}, contract.LOGPROBS, "unexpected dtype float32"),
+        ({contract.LOGPROB_TOKEN_IDS: i32()}, contract.LOGPROB_TOKEN_IDS, "must not be empty"),
+        (
+            {contract.LOGPROB_TOKEN_IDS: i32(*range(9))},
+            contract.LOGPROB_TOKEN_IDS,
+            "9 ids requested, at most 8",
+        ),
+        (
+            {contract.LOGPROB_TOKEN_IDS: i32(0, 1024)},
+            contract.LOGPROB_TOKEN_IDS,
+            "id 1024 is outside",
+        ),
+        ({contract.LOGPROB_TOKEN_IDS: i32(-1)}, contract.LOGPROB_TOKEN_IDS, "id -1 is outside"),
+        (
+            {contract.LOGPROB_TOKEN_IDS: f32(1.0)},
+            contract.LOGPROB_TOKEN_IDS,
+            "expected integer token ids",
+        ),
+        (
+            {contract.PROMPT_LOGPROBS: i32(21)},
+            contract.PROMPT_LOGPROBS,
+            "must be in [0, 20], got 21",
+        ),
+        (
+            {contract.PROMPT_LOGPROBS: i32(-1)},
+            contract.PROMPT_LOGPROBS,
+            "must be in [0, 20], got -1",
+        ),
+        (
+            {contract.PROMPT_LOGPROB_TOKEN_IDS: i32()},
+            contract.PROMPT_LOGPROB_TOKEN_IDS,
+            "must not be empty",
+        ),
+        (
+            {contract.PROMPT_LOGPROB_TOKEN_IDS: i32(*range(9))},
+            contract.PROMPT_LOGPROB_TOKEN_IDS,
+            "9 ids requested, at most 8",
+        ),
+        (
+            {contract.PROMPT_LOGPROB_TOKEN_IDS: i32(1024)},
+            contract.PROMPT_LOGPROB_TOKEN_IDS,
+            "id 1024 is",
+        ),
+        (
+            {contract.PRESENCE_PENALTY: f32(2.5)},
+            contract.PRESENCE_PENALTY,
+            "must be in [-2, 2], got 2.5",
+        ),
+        (
+            {contract.PRESENCE_PENALTY: f32(math.nan)},
+            contract.PRESENCE_PENALTY,
+            "must be in [-2, 2]",
+        ),
+        (
+            {contract.FREQUENCY_PENALTY: f32(-3.0)},
+            contract.FREQUENCY_PENALTY,
+            "must be in [-2, 2], got -3",
+        ),
+        (
+            {contract.FREQUENCY_PENALTY: i32(1)},
+            contract.FREQUENCY_PENALTY,
+            "unexpected dtype int32",
+        ),
+        (
+            {contract.REPETITION_PENALTY: f32(0.0)},
+            contract.REPETITION_PENALTY,
+            "must be > 0, got 0",
+        ),
+        (
+            {contract.REPETITION_PENALTY: f32(math.inf)},
+            contract.REPETITION_PENALTY,
+            "must be > 0, got inf",
+        ),
+        (
+            {contract.LOGIT_BIAS_IDS: i32(3, 4), contract.LOGIT_BIAS_VALUES: f32(1.0)},
+            contract.LOGIT_BIAS_VALUES,
+            "has 1 values for 2 ids",
+        ),
+        (
+            {contract.LOGIT_BIAS_VALUES: f32(1.0)},
+            contract.LOGIT_BIAS_VALUES,
+            "has 1 values for 0 ids",
+        ),
+        (
+            {contract.LOGIT_BIAS_IDS: i32(1024), contract.LOGIT_BIAS_VALUES: f32(1.0)},
+            contract.LOGIT_BIAS_IDS,
+            "id 1024 is outside the vocabulary",
+        ),
+        (
+            {contract.LOGIT_BIAS_IDS: i32(3), contract.LOGIT_BIAS_VALUES: f32(100.5)},
+            contract.LOGIT_BIAS_VALUES,
             "each bias must be in [-100, 100]",
         ),
         (
-            {io.LOGIT_BIAS_IDS: i32(3), io.LOGIT_BIAS_VALUES: f32(math.nan)},
-            io.LOGIT_BIAS_VALUES,
+            {contract.LOGIT_BIAS_IDS: i32(3), contract.LOGIT_BIAS_VALUES: f32(math.nan)},
+            contract.LOGIT_BIAS_VALUES,
             "each bias must be in [-100, 100]",
         ),
-        ({io.ALLOWED_TOKEN_IDS: i32()}, io.ALLOWED_TOKEN_IDS, "must not be empty"),
-        ({io.ALLOWED_TOKEN_IDS: i32(5, 1024)}, io.ALLOWED_TOKEN_IDS, "id 1024 is outside"),
-        ({io.MIN_TOKENS: i32(17)}, io.MIN_TOKENS, "must be in [0, MAX_TOKENS=16], got 17"),
+        ({contract.ALLOWED_TOKEN_IDS: i32()}, contract.ALLOWED_TOKEN_IDS, "must not be empty"),
         (
-            {io.MIN_TOKENS: i32(3), io.MAX_TOKENS: i32(2)},
-            io.MIN_TOKENS,
+            {contract.ALLOWED_TOKEN_IDS: i32(5, 1024)},
+            contract.ALLOWED_TOKEN_IDS,
+            "id 1024 is outside",
+        ),
+        (
+            {contract.MIN_TOKENS: i32(17)},
+            contract.MIN_TOKENS,
+            "must be in [0, MAX_TOKENS=16], got 17",
+        ),
+        (
+            {contract.MIN_TOKENS: i32(3), contract.MAX_TOKENS: i32(2)},
+            contract.MIN_TOKENS,
             "must be in [0, MAX_TOKENS=2], got 3",
         ),
-        ({io.MIN_TOKENS: i32(-1)}, io.MIN_TOKENS, "got -1"),
+        ({contract.MIN_TOKENS: i32(-1)}, contract.MIN_TOKENS, "got -1"),
         (
-            {io.INCLUDE_STOP_STR_IN_OUTPUT: i32(1)},
-            io.INCLUDE_STOP_STR_IN_OUTPUT,
+            {contract.INCLUDE_STOP_STR_IN_OUTPUT: i32(1)},
+            contract.INCLUDE_STOP_STR_IN_OUTPUT,
             "unexpected dtype",
         ),
         (
-            {io.LOGPROB_TOKEN_IDS: np.ones((2, 2), np.int32)},
-            io.LOGPROB_TOKEN_IDS,
+            {contract.LOGPROB_TOKEN_IDS: np.ones((2, 2), np.int32)},
+            contract.LOGPROB_TOKEN_IDS,
             "expected a 1-D tensor, got shape [2, 2]",
         ),
     ],
@@ -217,7 +310,7 @@ def test_edge_values_that_are_valid() -> None:
 def test_invalid_input_names_its_parameter(
     arrays: dict[str, np.ndarray | None], parameter: str, message: str
 ) -> None:
-    given = {io.INPUT_IDS: PROMPT, **arrays}
+    given = {contract.INPUT_IDS: PROMPT, **arrays}
     with pytest.raises(InvalidRequestError) as info:
         io.parse_request({k: v for k, v in given.items() if v is not None}, LIMITS)
     assert info.value.parameter == parameter
@@ -269,39 +362,39 @@ def test_output_shapes_and_dtypes_follow_the_config(
     for name, array in arrays.items():
         assert array.dtype == DTYPES[declared[name]], name
     expected_shapes = {
-        io.OUTPUT_IDS: (n,),
-        io.TEXT_OUTPUT: (1,),
-        io.OUTPUT_TOKEN_BYTES: (n,),
-        io.OUTPUT_LOGPROBS: (n if logprobs is not None else 0,),
-        io.TOP_LOGPROB_IDS: (n, k),
-        io.TOP_LOGPROBS: (n, k),
-        io.TOP_LOGPROB_TOKEN_BYTES: (n, k),
-        io.LOGPROB_TOKEN_LOGPROBS: (n, m),
-        io.LOGPROB_TOKEN_BYTES: (m if first else 0,),
-        io.FINISH_REASON: (1,),
-        io.PROMPT_TOKENS: (1,),
-        io.COMPLETION_TOKENS: (1,),
+        contract.OUTPUT_IDS: (n,),
+        contract.TEXT_OUTPUT: (1,),
+        contract.OUTPUT_TOKEN_BYTES: (n,),
+        contract.OUTPUT_LOGPROBS: (n if logprobs is not None else 0,),
+        contract.TOP_LOGPROB_IDS: (n, k),
+        contract.TOP_LOGPROBS: (n, k),
+        contract.TOP_LOGPROB_TOKEN_BYTES: (n, k),
+        contract.LOGPROB_TOKEN_LOGPROBS: (n, m),
+        contract.LOGPROB_TOKEN_BYTES: (m if first else 0,),
+        contract.FINISH_REASON: (1,),
+        contract.PROMPT_TOKENS: (1,),
+        contract.COMPLETION_TOKENS: (1,),
     }
     assert {name: arrays[name].shape for name in expected_shapes} == expected_shapes
     # Values travel unchanged.
-    assert arrays[io.OUTPUT_IDS].tolist() == out.token_ids
-    assert arrays[io.TEXT_OUTPUT].tolist() == [out.text.encode()]
-    assert arrays[io.OUTPUT_TOKEN_BYTES].tolist() == out.token_bytes
+    assert arrays[contract.OUTPUT_IDS].tolist() == out.token_ids
+    assert arrays[contract.TEXT_OUTPUT].tolist() == [out.text.encode()]
+    assert arrays[contract.OUTPUT_TOKEN_BYTES].tolist() == out.token_bytes
     if logprobs is not None:
-        np.testing.assert_array_equal(arrays[io.OUTPUT_LOGPROBS], out.logprobs)
-    np.testing.assert_array_equal(arrays[io.TOP_LOGPROB_IDS], out.top_ids)
-    np.testing.assert_array_equal(arrays[io.TOP_LOGPROBS], out.top_logprobs)
-    assert arrays[io.TOP_LOGPROB_TOKEN_BYTES].reshape(-1).tolist() == out.top_bytes
-    np.testing.assert_array_equal(arrays[io.LOGPROB_TOKEN_LOGPROBS], out.token_id_logprobs)
-    assert arrays[io.LOGPROB_TOKEN_BYTES].tolist() == out.token_id_bytes
-    assert arrays[io.PROMPT_TOKENS].tolist() == [3]
-    assert arrays[io.COMPLETION_TOKENS].tolist() == [n]
+        np.testing.assert_array_equal(arrays[contract.OUTPUT_LOGPROBS], out.logprobs)
+    np.testing.assert_array_equal(arrays[contract.TOP_LOGPROB_IDS], out.top_ids)
+    np.testing.assert_array_equal(arrays[contract.TOP_LOGPROBS], out.top_logprobs)
+    assert arrays[contract.TOP_LOGPROB_TOKEN_BYTES].reshape(-1).tolist() == out.top_bytes
+    np.testing.assert_array_equal(arrays[contract.LOGPROB_TOKEN_LOGPROBS], out.token_id_logprobs)
+    assert arrays[contract.LOGPROB_TOKEN_BYTES].tolist() == out.token_id_bytes
+    assert arrays[contract.PROMPT_TOKENS].tolist() == [3]
+    assert arrays[contract.COMPLETION_TOKENS].tolist() == [n]
 
 
 def test_top_bytes_are_laid_out_row_major() -> None:
     params = GenerationParams(prompt_ids=[1], logprobs=3)
     arrays = io.output_arrays(step_output(2, 3, 0), params)
-    assert arrays[io.TOP_LOGPROB_TOKEN_BYTES].tolist() == [
+    assert arrays[contract.TOP_LOGPROB_TOKEN_BYTES].tolist() == [
         [b"t0", b"t1", b"t2"],
         [b"t3", b"t4", b"t5"],
     ]
@@ -314,10 +407,10 @@ def test_minus_infinity_is_sent_as_minus_9999() -> None:
     out.top_logprobs = np.array([[-0.5, -np.inf]], np.float32)
     out.token_id_logprobs = np.array([[-np.inf, -1.25]], np.float32)
     arrays = io.output_arrays(out, params)
-    assert arrays[io.OUTPUT_LOGPROBS].tolist() == [-9999.0]
-    assert arrays[io.TOP_LOGPROBS].tolist() == [[-0.5, -9999.0]]
-    assert arrays[io.LOGPROB_TOKEN_LOGPROBS].tolist() == [[-9999.0, -1.25]]
-    assert io.NEG_INF_LOGPROB == -9999.0
+    assert arrays[contract.OUTPUT_LOGPROBS].tolist() == [-9999.0]
+    assert arrays[contract.TOP_LOGPROBS].tolist() == [[-0.5, -9999.0]]
+    assert arrays[contract.LOGPROB_TOKEN_LOGPROBS].tolist() == [[-9999.0, -1.25]]
+    assert contract.NEG_INF_LOGPROB == -9999.0
 
 
 @pytest.mark.parametrize(
@@ -327,21 +420,21 @@ def test_finish_reason_is_empty_until_the_final_response(reason: str | None, sen
     out = step_output(1, 0, 0)
     out.finish_reason = reason
     arrays = io.output_arrays(out, GenerationParams(prompt_ids=[1]))
-    assert arrays[io.FINISH_REASON].tolist() == [sent]
+    assert arrays[contract.FINISH_REASON].tolist() == [sent]
 
 
 def prompt_shapes(p: int, k: int, m: int) -> dict[str, tuple[int, ...]]:
     """Shapes of the prompt outputs for a P-token prompt (P - 1 scored positions; 0 = none)."""
     n = max(p - 1, 0)
     return {
-        io.PROMPT_IDS: (p,),
-        io.PROMPT_TOKEN_BYTES: (p,),
-        io.PROMPT_TOKEN_LOGPROBS: (n,),
-        io.PROMPT_TOP_LOGPROB_IDS: (n, k),
-        io.PROMPT_TOP_LOGPROBS: (n, k),
-        io.PROMPT_TOP_LOGPROB_TOKEN_BYTES: (n, k),
-        io.PROMPT_LOGPROB_TOKEN_LOGPROBS: (n, m),
-        io.PROMPT_LOGPROB_TOKEN_BYTES: (m if p else 0,),
+        contract.PROMPT_IDS: (p,),
+        contract.PROMPT_TOKEN_BYTES: (p,),
+        contract.PROMPT_TOKEN_LOGPROBS: (n,),
+        contract.PROMPT_TOP_LOGPROB_IDS: (n, k),
+        contract.PROMPT_TOP_LOGPROBS: (n, k),
+        contract.PROMPT_TOP_LOGPROB_TOKEN_BYTES: (n, k),
+        contract.PROMPT_LOGPROB_TOKEN_LOGPROBS: (n, m),
+        contract.PROMPT_LOGPROB_TOKEN_BYTES: (m if p else 0,),
     }
 
 
@@ -371,23 +464,25 @@ def test_prompt_outputs_are_zero_size_except_on_the_response_carrying_them(k: in
     for name in prompt_shapes(4, k, m):
         assert arrays[name].dtype == DTYPES[declared[name]], name
         assert without[name].dtype == DTYPES[declared[name]], name
-    assert arrays[io.PROMPT_IDS].tolist() == [5, 6, 7, 8]
-    assert arrays[io.PROMPT_TOKEN_BYTES].tolist() == [b"a", b"b", b"c", b"d"]
-    assert arrays[io.PROMPT_TOKEN_LOGPROBS].tolist() == [-1.0, -9999.0, -2.0]
-    np.testing.assert_array_equal(arrays[io.PROMPT_TOP_LOGPROB_IDS], out.prompt.top_ids)
-    np.testing.assert_array_equal(arrays[io.PROMPT_TOP_LOGPROBS], out.prompt.top_logprobs)
+    assert arrays[contract.PROMPT_IDS].tolist() == [5, 6, 7, 8]
+    assert arrays[contract.PROMPT_TOKEN_BYTES].tolist() == [b"a", b"b", b"c", b"d"]
+    assert arrays[contract.PROMPT_TOKEN_LOGPROBS].tolist() == [-1.0, -9999.0, -2.0]
+    np.testing.assert_array_equal(arrays[contract.PROMPT_TOP_LOGPROB_IDS], out.prompt.top_ids)
+    np.testing.assert_array_equal(arrays[contract.PROMPT_TOP_LOGPROBS], out.prompt.top_logprobs)
     np.testing.assert_array_equal(
-        arrays[io.PROMPT_LOGPROB_TOKEN_LOGPROBS], out.prompt.token_id_logprobs
+        arrays[contract.PROMPT_LOGPROB_TOKEN_LOGPROBS], out.prompt.token_id_logprobs
     )
-    assert arrays[io.PROMPT_TOP_LOGPROB_TOKEN_BYTES].reshape(-1).tolist() == out.prompt.top_bytes
-    assert arrays[io.PROMPT_LOGPROB_TOKEN_BYTES].tolist() == [b"nine"] * m
+    assert (
+        arrays[contract.PROMPT_TOP_LOGPROB_TOKEN_BYTES].reshape(-1).tolist() == out.prompt.top_bytes
+    )
+    assert arrays[contract.PROMPT_LOGPROB_TOKEN_BYTES].tolist() == [b"nine"] * m
 
 
 @pytest.mark.parametrize(
     "names",
     [
-        {io.OUTPUT_IDS, io.TEXT_OUTPUT, io.FINISH_REASON},
-        {io.TOP_LOGPROBS, io.PROMPT_IDS},
+        {contract.OUTPUT_IDS, contract.TEXT_OUTPUT, contract.FINISH_REASON},
+        {contract.TOP_LOGPROBS, contract.PROMPT_IDS},
         set(),
     ],
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,29 @@ def config_parameters(model: str) -> dict[str, str]:
     return dict(PARAMETER.findall((MODEL_REPOSITORY / model / "config.pbtxt").read_text()))
 
 
-def config_tensors(model: str, section: str) -> dict[str, str]:
-    """Name -> data_type of the `input` or `output` tensors of `model`'s config.pbtxt."""
+@dataclass(frozen=True)
+class ConfigTensor:
+    data_type: str
+    dims: tuple[int, ...]
+    optional: bool
+
+
+def config_tensor_entries(model: str, section: str) -> dict[str, ConfigTensor]:
+    """Name -> entry of the `input` or `output` tensors of `model`'s config.pbtxt."""
     text = (MODEL_REPOSITORY / model / "config.pbtxt").read_text()
     body = text.split(f"\n{section} [", 1)[1].split("\n]", 1)[0]
-    return dict(re.findall(r'name: "(\w+)", data_type: (TYPE_\w+)', body))
+    entries = re.findall(
+        r'name: "(\w+)", data_type: (TYPE_\w+), dims: \[([^\]]*)\](, optional: true)?', body
+    )
+    return {
+        name: ConfigTensor(data_type, tuple(int(d) for d in dims.split(",")), bool(optional))
+        for name, data_type, dims, optional in entries
+    }
+
+
+def config_tensors(model: str, section: str) -> dict[str, str]:
+    """Name -> data_type of the `input` or `output` tensors of `model`'s config.pbtxt."""
+    return {name: entry.data_type for name, entry in config_tensor_entries(model, section).items()}
 
 
 def model_config_json(model: str, parameters: dict[str, str], decoupled: bool | None) -> str:

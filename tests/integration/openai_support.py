@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from backend import triton_io as io
+from backend import contract
 from backend.tritonserver import TritonServer
 from tests.integration.gated_llm import GATE_FILE
 from tests.reference import reference_logprobs, tokenizer
@@ -60,17 +60,17 @@ def triton_direct(
 ) -> StreamResult:
     """The same greedy request sent to Triton's `ensemble` with tritonclient, no adapter."""
     arrays: dict[str, np.ndarray] = {
-        io.MAX_TOKENS: np.array([max_tokens], np.int32),
-        io.TEMPERATURE: np.array([0.0], np.float32),
+        contract.MAX_TOKENS: np.array([max_tokens], np.int32),
+        contract.TEMPERATURE: np.array([0.0], np.float32),
     }
     if text is not None:
-        arrays[io.TEXT_INPUT] = np.array([text.encode()], dtype=object)
+        arrays[contract.TEXT_INPUT] = np.array([text.encode()], dtype=object)
     else:
-        arrays[io.MESSAGES] = np.array([json.dumps(messages).encode()], dtype=object)
+        arrays[contract.MESSAGES] = np.array([json.dumps(messages).encode()], dtype=object)
     if logprobs is not None:
-        arrays[io.LOGPROBS] = np.array([logprobs], np.int32)
+        arrays[contract.LOGPROBS] = np.array([logprobs], np.int32)
     if logprob_token_ids:
-        arrays[io.LOGPROB_TOKEN_IDS] = np.array(logprob_token_ids, np.int32)
+        arrays[contract.LOGPROB_TOKEN_IDS] = np.array(logprob_token_ids, np.int32)
     result = generate(grpc_url, "ensemble", arrays)
     assert result.error is None, result.error
     return result

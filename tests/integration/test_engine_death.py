@@ -23,7 +23,7 @@ import httpx
 import numpy as np
 import pytest
 
-from backend import triton_io as io
+from backend import contract
 from backend.adapter_server import AdapterServer
 from backend.repository import write_repository
 from backend.supervisor import RestartPolicy, Supervisor
@@ -38,9 +38,9 @@ FAIL_FAST_S = 5.0  # the issue's bound on the stream's error and on /health/read
 HEAL_BOUND_S = 60.0
 LONG = {"model": MODEL, "prompt": "Hi", "max_tokens": 500, "ignore_eos": True, "stream": True}
 LONG_IDS = {
-    io.INPUT_IDS: np.array([1, 2, 3], dtype=np.int32),
-    io.MAX_TOKENS: np.array([500], dtype=np.int32),
-    io.IGNORE_EOS: np.array([True]),
+    contract.INPUT_IDS: np.array([1, 2, 3], dtype=np.int32),
+    contract.MAX_TOKENS: np.array([500], dtype=np.int32),
+    contract.IGNORE_EOS: np.array([True]),
 }
 GREEDY = {"model": MODEL, "prompt": "Triton serves the model", "max_tokens": 8}
 CRASH_AT_RELOAD = Path(__file__).with_name("crashing_llm.py")

@@ -26,7 +26,7 @@ import httpx
 import numpy as np
 import pytest
 
-from backend import triton_io as io
+from backend import contract
 from backend.default_model import DEFAULT_SPEC, REPO_ROOT, SPEC_FILE
 from backend.processes import free_port
 from backend.tritonserver import embedded_tritonserver
@@ -141,9 +141,9 @@ def greedy_stream(grpc_url: str, model_dir: Path) -> tuple[list[int], str]:
         grpc_url,
         "llm",
         {
-            io.INPUT_IDS: np.array(prompt_ids, dtype=np.int32),
-            io.MAX_TOKENS: np.array([MAX_TOKENS], dtype=np.int32),
-            io.TEMPERATURE: np.array([0.0], dtype=np.float32),
+            contract.INPUT_IDS: np.array(prompt_ids, dtype=np.int32),
+            contract.MAX_TOKENS: np.array([MAX_TOKENS], dtype=np.int32),
+            contract.TEMPERATURE: np.array([0.0], dtype=np.float32),
         },
     )
     assert result.error is None, result.error

@@ -10,7 +10,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from backend import triton_io as io
+from backend import contract
 from backend.default_model import PASSAGE
 from tests.integration.openai_support import assert_generated_since, held, metric, wait_for
 from tests.reference import reference_greedy, reference_logprobs, tokenizer
@@ -41,11 +41,11 @@ def passage_ids(model_dir) -> list[int]:
 def test_greedy_tokens_equal_transformers_generate(triton_server, model_dir, model):
     prompt = "Triton serves the model"
     prompt_ids = tokenizer(model_dir)(prompt)["input_ids"]
-    inputs = {io.MAX_TOKENS: i32(48), io.TEMPERATURE: f32(0.0)}
+    inputs = {contract.MAX_TOKENS: i32(48), contract.TEMPERATURE: f32(0.0)}
     if model == "llm":
-        inputs[io.INPUT_IDS] = i32(*prompt_ids)
+        inputs[contract.INPUT_IDS] = i32(*prompt_ids)
     else:
-        inputs[io.TEXT_INPUT] = text(prompt)
+        inputs[contract.TEXT_INPUT] = text(prompt)
     result = generate(triton_server.grpc_url, model, inputs)
     assert result.error is None
     expected = reference_greedy(model_dir, prompt_ids, 48)
@@ -53,12 +53,12 @@ def test_greedy_tokens_equal_transformers_generate(triton_server, model_dir, mod
     assert result.token_ids == expected
     assert result.finish_reason == "length"
     # One token or more per response (more when the writer fell behind the engine), counted.
-    sizes = [len(r[io.OUTPUT_IDS]) for r in result.responses]
+    sizes = [len(r[contract.OUTPUT_IDS]) for r in result.responses]
     assert min(sizes) >= 1
-    assert [r[io.COMPLETION_TOKENS][0] for r in result.responses] == np.cumsum(sizes).tolist()
+    assert [r[contract.COMPLETION_TOKENS][0] for r in result.responses] == np.cumsum(sizes).tolist()
     last = result.responses[-1]
-    assert last[io.PROMPT_TOKENS][0] == len(prompt_ids)
-    assert last[io.COMPLETION_TOKENS][0] == 48
+    assert last[contract.PROMPT_TOKENS][0] == len(prompt_ids)
+    assert last[contract.COMPLETION_TOKENS][0] == 48
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -72,12 +72,12 @@ def test_logprobs_equal_float64_reference(triton_server, model_dir, passage_ids,
         triton_server.grpc_url,
         "llm",
         {
-            io.INPUT_IDS: i32(*prompt),
-            io.MAX_TOKENS: i32(40),
-            io.TEMPERATURE: f32(temperature),
-            io.SEED: np.array([1234], np.int64),
-            io.LOGPROBS: i32(5),
-            io.LOGPROB_TOKEN_IDS: i32(*explicit),
+            contract.INPUT_IDS: i32(*prompt),
+            contract.MAX_TOKENS: i32(40),
+            contract.TEMPERATURE: f32(temperature),
+            contract.SEED: np.array([1234], np.int64),
+            contract.LOGPROBS: i32(5),
+            contract.LOGPROB_TOKEN_IDS: i32(*explicit),
         },
     )
     assert result.error is None
@@ -85,25 +85,25 @@ def test_logprobs_equal_float64_reference(triton_server, model_dir, passage_ids,
     ref = reference_logprobs(model_dir, prompt, tokens)
     n = len(tokens)
     assert n == 40
-    sampled = result.cat(io.OUTPUT_LOGPROBS)
+    sampled = result.cat(contract.OUTPUT_LOGPROBS)
     np.testing.assert_allclose(sampled, ref[np.arange(n), tokens], atol=ATOL)
-    top_ids = result.cat(io.TOP_LOGPROB_IDS)
+    top_ids = result.cat(contract.TOP_LOGPROB_IDS)
     assert top_ids.shape == (n, 5)
     ref_order = np.argsort(-ref, axis=1, kind="stable")[:, :5]
     np.testing.assert_array_equal(top_ids, ref_order)
     np.testing.assert_allclose(
-        result.cat(io.TOP_LOGPROBS), np.take_along_axis(ref, ref_order, 1), atol=ATOL
+        result.cat(contract.TOP_LOGPROBS), np.take_along_axis(ref, ref_order, 1), atol=ATOL
     )
-    columns = result.cat(io.LOGPROB_TOKEN_LOGPROBS)
+    columns = result.cat(contract.LOGPROB_TOKEN_LOGPROBS)
     assert columns.shape == (n, len(explicit))
     np.testing.assert_allclose(columns, ref[:, explicit], atol=ATOL)
     assert np.all(columns <= 0) and np.all(columns > -9999.0)
     # Bytes of the explicit ids come once, on the first response.
-    token_bytes = result.responses[0][io.LOGPROB_TOKEN_BYTES].tolist()
+    token_bytes = result.responses[0][contract.LOGPROB_TOKEN_BYTES].tolist()
     tok = tokenizer(model_dir)
     assert token_bytes[0] == tok.decode([7]).encode()
     assert token_bytes[1] == b""  # 1023 is a padded id: no token, no bytes
-    assert all(len(r[io.LOGPROB_TOKEN_BYTES]) == 0 for r in result.responses[1:])
+    assert all(len(r[contract.LOGPROB_TOKEN_BYTES]) == 0 for r in result.responses[1:])
     if temperature == 0.0:
         assert tokens[:4] == greedy
 
@@ -111,10 +111,10 @@ def test_logprobs_equal_float64_reference(triton_server, model_dir, passage_ids,
 def test_seed_reproduces_sampling(triton_server, passage_ids):
     def run(seed: int) -> list[int]:
         inputs = {
-            io.INPUT_IDS: i32(*passage_ids[:3]),
-            io.MAX_TOKENS: i32(24),
-            io.TEMPERATURE: f32(3.0),
-            io.SEED: np.array([seed], np.int64),
+            contract.INPUT_IDS: i32(*passage_ids[:3]),
+            contract.MAX_TOKENS: i32(24),
+            contract.TEMPERATURE: f32(3.0),
+            contract.SEED: np.array([seed], np.int64),
         }
         return generate(triton_server.grpc_url, "llm", inputs).token_ids
 
@@ -128,11 +128,11 @@ def test_four_concurrent_streams_match_each_alone(triton_server, passage_ids):
 
     def inputs(prompt: list[int], max_tokens: int) -> dict[str, np.ndarray]:
         return {
-            io.INPUT_IDS: i32(*prompt),
-            io.MAX_TOKENS: i32(max_tokens),
-            io.TEMPERATURE: f32(0.0),
-            io.LOGPROBS: i32(2),
-            io.IGNORE_EOS: np.array([True]),
+            contract.INPUT_IDS: i32(*prompt),
+            contract.MAX_TOKENS: i32(max_tokens),
+            contract.TEMPERATURE: f32(0.0),
+            contract.LOGPROBS: i32(2),
+            contract.IGNORE_EOS: np.array([True]),
         }
 
     alone = [generate(triton_server.grpc_url, "llm", inputs(*case)) for case in cases]
@@ -148,7 +148,7 @@ def test_four_concurrent_streams_match_each_alone(triton_server, passage_ids):
         assert len(many.token_ids) == max_tokens
         assert many.text == one.text
         np.testing.assert_allclose(
-            many.cat(io.OUTPUT_LOGPROBS), one.cat(io.OUTPUT_LOGPROBS), atol=ATOL
+            many.cat(contract.OUTPUT_LOGPROBS), one.cat(contract.OUTPUT_LOGPROBS), atol=ATOL
         )
 
 
@@ -159,9 +159,9 @@ def test_cancelled_stream_stops_generating(triton_server, passage_ids):
         streamer.send(
             "llm",
             {
-                io.INPUT_IDS: i32(*passage_ids[:3]),
-                io.MAX_TOKENS: i32(200),
-                io.IGNORE_EOS: np.array([True]),
+                contract.INPUT_IDS: i32(*passage_ids[:3]),
+                contract.MAX_TOKENS: i32(200),
+                contract.IGNORE_EOS: np.array([True]),
             },
         )
         _, error, final = streamer.next()
@@ -177,43 +177,62 @@ def test_cancelled_stream_stops_generating(triton_server, passage_ids):
     result = generate(
         triton_server.grpc_url,
         "llm",
-        {io.INPUT_IDS: i32(*passage_ids[:3]), io.MAX_TOKENS: i32(5), io.IGNORE_EOS: TRUE},
+        {
+            contract.INPUT_IDS: i32(*passage_ids[:3]),
+            contract.MAX_TOKENS: i32(5),
+            contract.IGNORE_EOS: TRUE,
+        },
     )
     assert result.error is None and len(result.token_ids) == 5
     assert_generated_since(triton_server.metrics_url, generated, finished, tokens=5)
 
 
 BAD_INPUTS = [
-    ({io.INPUT_IDS: i32(1, 2, 5000)}, "INPUT_IDS: id 5000 is outside the vocabulary [0, 1024)"),
-    ({io.INPUT_IDS: i32(-1)}, "INPUT_IDS: id -1 is outside the vocabulary"),
-    ({io.INPUT_IDS: np.zeros(0, np.int32)}, "INPUT_IDS: the prompt is empty"),
     (
-        {io.INPUT_IDS: i32(*range(300))},
+        {contract.INPUT_IDS: i32(1, 2, 5000)},
+        "INPUT_IDS: id 5000 is outside the vocabulary [0, 1024)",
+    ),
+    ({contract.INPUT_IDS: i32(-1)}, "INPUT_IDS: id -1 is outside the vocabulary"),
+    ({contract.INPUT_IDS: np.zeros(0, np.int32)}, "INPUT_IDS: the prompt is empty"),
+    (
+        {contract.INPUT_IDS: i32(*range(300))},
         "INPUT_IDS: the prompt has 300 tokens, the context holds 256",
     ),
-    ({io.INPUT_IDS: i32(1), io.MAX_TOKENS: i32(-1)}, "MAX_TOKENS: must be >= 0, got -1"),
-    ({io.INPUT_IDS: i32(1), io.TEMPERATURE: f32(-0.5)}, "TEMPERATURE: must be >= 0"),
-    ({io.INPUT_IDS: i32(1), io.TOP_P: f32(0.0)}, "TOP_P: must be in (0, 1]"),
-    ({io.INPUT_IDS: i32(1), io.LOGPROBS: i32(21)}, "LOGPROBS: must be in [0, 20], got 21"),
     (
-        {io.INPUT_IDS: i32(1), io.LOGPROB_TOKEN_IDS: i32(3, 1024)},
+        {contract.INPUT_IDS: i32(1), contract.MAX_TOKENS: i32(-1)},
+        "MAX_TOKENS: must be >= 0, got -1",
+    ),
+    ({contract.INPUT_IDS: i32(1), contract.TEMPERATURE: f32(-0.5)}, "TEMPERATURE: must be >= 0"),
+    ({contract.INPUT_IDS: i32(1), contract.TOP_P: f32(0.0)}, "TOP_P: must be in (0, 1]"),
+    (
+        {contract.INPUT_IDS: i32(1), contract.LOGPROBS: i32(21)},
+        "LOGPROBS: must be in [0, 20], got 21",
+    ),
+    (
+        {contract.INPUT_IDS: i32(1), contract.LOGPROB_TOKEN_IDS: i32(3, 1024)},
         "LOGPROB_TOKEN_IDS: id 1024 is outside the vocabulary [0, 1024)",
     ),
     (
-        {io.INPUT_IDS: i32(1), io.LOGPROB_TOKEN_IDS: np.zeros(0, np.int32)},
+        {contract.INPUT_IDS: i32(1), contract.LOGPROB_TOKEN_IDS: np.zeros(0, np.int32)},
         "LOGPROB_TOKEN_IDS: must not be empty",
     ),
     (
-        {io.INPUT_IDS: i32(1), io.LOGPROB_TOKEN_IDS: i32(*([1] * 1025))},
+        {contract.INPUT_IDS: i32(1), contract.LOGPROB_TOKEN_IDS: i32(*([1] * 1025))},
         "LOGPROB_TOKEN_IDS: 1025 ids requested, at most 1024 are allowed",
     ),
     (
-        {io.INPUT_IDS: i32(1), io.STOP: np.array([b"\xff\xfe"], dtype=object)},
+        {contract.INPUT_IDS: i32(1), contract.STOP: np.array([b"\xff\xfe"], dtype=object)},
         "STOP: is not valid UTF-8",
     ),
     # Checked by Triton itself against config.pbtxt, before the model sees them.
-    ({io.INPUT_IDS: np.array([1.0], np.float32)}, "data-type is 'FP32', but model 'llm' expects"),
-    ({io.INPUT_IDS: i32(1), io.MAX_TOKENS: i32(1, 2)}, "unexpected shape for input 'MAX_TOKENS'"),
+    (
+        {contract.INPUT_IDS: np.array([1.0], np.float32)},
+        "data-type is 'FP32', but model 'llm' expects",
+    ),
+    (
+        {contract.INPUT_IDS: i32(1), contract.MAX_TOKENS: i32(1, 2)},
+        "unexpected shape for input 'MAX_TOKENS'",
+    ),
 ]
 
 
@@ -224,7 +243,8 @@ def test_bad_input_is_refused_and_the_next_request_succeeds(triton_server, input
         bad = streamer.run("llm", inputs)
         assert bad.error is not None and message in bad.error
         good = streamer.run(
-            "llm", {io.INPUT_IDS: i32(1, 2), io.MAX_TOKENS: i32(3), io.IGNORE_EOS: TRUE}
+            "llm",
+            {contract.INPUT_IDS: i32(1, 2), contract.MAX_TOKENS: i32(3), contract.IGNORE_EOS: TRUE},
         )
         assert good.error is None and len(good.token_ids) == 3
     finally:
@@ -245,7 +265,7 @@ def test_bad_input_status_is_invalid_arg(triton_server):
 
 
 def test_bad_chat_messages_are_refused(triton_server):
-    result = generate(triton_server.grpc_url, "ensemble", {io.MESSAGES: text("not json")})
+    result = generate(triton_server.grpc_url, "ensemble", {contract.MESSAGES: text("not json")})
     assert result.error is not None and "MESSAGES: is not valid JSON" in result.error
 
 
@@ -256,15 +276,19 @@ def test_utf8_streaming_never_splits_a_character(triton_server, model_dir):
     result = generate(
         triton_server.grpc_url,
         "ensemble",
-        {io.TEXT_INPUT: text(prompt), io.MAX_TOKENS: i32(200), io.TEMPERATURE: f32(0.0)},
+        {
+            contract.TEXT_INPUT: text(prompt),
+            contract.MAX_TOKENS: i32(200),
+            contract.TEMPERATURE: f32(0.0),
+        },
     )
     assert result.error is None and result.finish_reason == "stop"
-    pieces = [r[io.TEXT_OUTPUT][0].decode() for r in result.responses]
+    pieces = [r[contract.TEXT_OUTPUT][0].decode() for r in result.responses]
     joined = "".join(pieces)
     assert joined == rest  # the model has the passage by heart; EOS ends it
     assert "\ufffd" not in joined
     assert joined == tokenizer(model_dir).decode(result.token_ids, skip_special_tokens=True)
-    token_bytes = result.cat(io.OUTPUT_TOKEN_BYTES).tolist()
+    token_bytes = result.cat(contract.OUTPUT_TOKEN_BYTES).tolist()
     split = [b for b in token_bytes if b and not _is_utf8(b)]
     assert split, "the test needs characters split across tokens"
     assert any(piece == "" for piece in pieces[:-1])  # held back until the character completes
@@ -282,7 +306,11 @@ def test_eos_ends_with_stop_and_no_text(triton_server, model_dir, passage_ids):
     result = generate(
         triton_server.grpc_url,
         "llm",
-        {io.INPUT_IDS: i32(*passage_ids[:-3]), io.MAX_TOKENS: i32(50), io.TEMPERATURE: f32(0.0)},
+        {
+            contract.INPUT_IDS: i32(*passage_ids[:-3]),
+            contract.MAX_TOKENS: i32(50),
+            contract.TEMPERATURE: f32(0.0),
+        },
     )
     assert result.finish_reason == "stop"
     assert result.token_ids == [*passage_ids[-3:], tokenizer(model_dir).eos_token_id]
@@ -294,10 +322,10 @@ def test_ignore_eos_generates_past_it(triton_server, passage_ids):
         triton_server.grpc_url,
         "llm",
         {
-            io.INPUT_IDS: i32(*passage_ids[:-3]),
-            io.MAX_TOKENS: i32(10),
-            io.TEMPERATURE: f32(0.0),
-            io.IGNORE_EOS: np.array([True]),
+            contract.INPUT_IDS: i32(*passage_ids[:-3]),
+            contract.MAX_TOKENS: i32(10),
+            contract.TEMPERATURE: f32(0.0),
+            contract.IGNORE_EOS: np.array([True]),
         },
     )
     assert result.finish_reason == "length" and len(result.token_ids) == 10
@@ -312,10 +340,10 @@ def test_stop_string_cuts_the_text_before_it(triton_server, model_dir, stops):
         triton_server.grpc_url,
         "ensemble",
         {
-            io.TEXT_INPUT: text(PASSAGE[: PASSAGE.index(prompt) + len(prompt)]),
-            io.MAX_TOKENS: i32(100),
-            io.TEMPERATURE: f32(0.0),
-            io.STOP: np.array([s.encode() for s in stops], dtype=object),
+            contract.TEXT_INPUT: text(PASSAGE[: PASSAGE.index(prompt) + len(prompt)]),
+            contract.MAX_TOKENS: i32(100),
+            contract.TEMPERATURE: f32(0.0),
+            contract.STOP: np.array([s.encode() for s in stops], dtype=object),
         },
     )
     assert result.finish_reason == "stop"
@@ -328,10 +356,10 @@ def test_stop_token_id_ends_generation(triton_server, passage_ids):
         triton_server.grpc_url,
         "llm",
         {
-            io.INPUT_IDS: i32(*passage_ids[:3]),
-            io.MAX_TOKENS: i32(50),
-            io.TEMPERATURE: f32(0.0),
-            io.STOP_TOKEN_IDS: i32(stop_id),
+            contract.INPUT_IDS: i32(*passage_ids[:3]),
+            contract.MAX_TOKENS: i32(50),
+            contract.TEMPERATURE: f32(0.0),
+            contract.STOP_TOKEN_IDS: i32(stop_id),
         },
     )
     assert result.finish_reason == "stop"
@@ -340,7 +368,7 @@ def test_stop_token_id_ends_generation(triton_server, passage_ids):
 
 def test_max_tokens_zero_answers_with_one_empty_final(triton_server):
     result = generate(
-        triton_server.grpc_url, "llm", {io.INPUT_IDS: i32(1, 2), io.MAX_TOKENS: i32(0)}
+        triton_server.grpc_url, "llm", {contract.INPUT_IDS: i32(1, 2), contract.MAX_TOKENS: i32(0)}
     )
     assert len(result.responses) == 1
     assert result.token_ids == [] and result.finish_reason == "length"
@@ -350,7 +378,11 @@ def test_context_limit_ends_with_length(triton_server):
     result = generate(
         triton_server.grpc_url,
         "llm",
-        {io.INPUT_IDS: i32(*([5] * 250)), io.MAX_TOKENS: i32(100), io.IGNORE_EOS: np.array([True])},
+        {
+            contract.INPUT_IDS: i32(*([5] * 250)),
+            contract.MAX_TOKENS: i32(100),
+            contract.IGNORE_EOS: np.array([True]),
+        },
     )
     assert result.finish_reason == "length"
     assert len(result.token_ids) == 6  # 250 + 6 = the 256-token context
@@ -366,9 +398,13 @@ def test_chat_messages_use_the_chat_template(triton_server, model_dir):
     result = generate(
         triton_server.grpc_url,
         "ensemble",
-        {io.MESSAGES: text(json.dumps(messages)), io.MAX_TOKENS: i32(8), io.TEMPERATURE: f32(0.0)},
+        {
+            contract.MESSAGES: text(json.dumps(messages)),
+            contract.MAX_TOKENS: i32(8),
+            contract.TEMPERATURE: f32(0.0),
+        },
     )
-    assert result.responses[-1][io.PROMPT_TOKENS][0] == len(prompt_ids)
+    assert result.responses[-1][contract.PROMPT_TOKENS][0] == len(prompt_ids)
     assert result.token_ids == reference_greedy(model_dir, prompt_ids, 8)
 
 
@@ -381,7 +417,11 @@ def test_many_threads_share_the_server(triton_server, passage_ids):
             generate(
                 triton_server.grpc_url,
                 "llm",
-                {io.INPUT_IDS: i32(*passage_ids[:2]), io.MAX_TOKENS: i32(n), io.IGNORE_EOS: TRUE},
+                {
+                    contract.INPUT_IDS: i32(*passage_ids[:2]),
+                    contract.MAX_TOKENS: i32(n),
+                    contract.IGNORE_EOS: TRUE,
+                },
             )
         )
 
@@ -401,34 +441,39 @@ def test_prompt_logprobs_equal_the_reference_at_every_position(triton_server, mo
             triton_server.grpc_url,
             "llm",
             {
-                io.INPUT_IDS: i32(*prompt),
-                io.MAX_TOKENS: i32(max_tokens),
-                io.TEMPERATURE: f32(0.0),
-                io.PROMPT_LOGPROBS: i32(2),
-                io.PROMPT_LOGPROB_TOKEN_IDS: i32(*labels),
+                contract.INPUT_IDS: i32(*prompt),
+                contract.MAX_TOKENS: i32(max_tokens),
+                contract.TEMPERATURE: f32(0.0),
+                contract.PROMPT_LOGPROBS: i32(2),
+                contract.PROMPT_LOGPROB_TOKEN_IDS: i32(*labels),
             },
         )
         assert result.error is None
         first = result.responses[0]
         ref = reference_logprobs(model_dir, prompt[:1], prompt[1:])  # position i scores token i
-        assert first[io.PROMPT_IDS].tolist() == prompt
-        assert first[io.PROMPT_TOKEN_BYTES].tolist() == [
+        assert first[contract.PROMPT_IDS].tolist() == prompt
+        assert first[contract.PROMPT_TOKEN_BYTES].tolist() == [
             tokenizer(model_dir).decode([t]).encode() for t in prompt
         ]
         np.testing.assert_allclose(
-            first[io.PROMPT_TOKEN_LOGPROBS], ref[np.arange(len(prompt) - 1), prompt[1:]], atol=ATOL
+            first[contract.PROMPT_TOKEN_LOGPROBS],
+            ref[np.arange(len(prompt) - 1), prompt[1:]],
+            atol=ATOL,
         )
         order = np.argsort(-ref, axis=1, kind="stable")[:, :2]
-        np.testing.assert_array_equal(first[io.PROMPT_TOP_LOGPROB_IDS], order)
+        np.testing.assert_array_equal(first[contract.PROMPT_TOP_LOGPROB_IDS], order)
         np.testing.assert_allclose(
-            first[io.PROMPT_TOP_LOGPROBS], np.take_along_axis(ref, order, 1), atol=ATOL
+            first[contract.PROMPT_TOP_LOGPROBS], np.take_along_axis(ref, order, 1), atol=ATOL
         )
         np.testing.assert_allclose(
-            first[io.PROMPT_LOGPROB_TOKEN_LOGPROBS], ref[:, labels], atol=ATOL
+            first[contract.PROMPT_LOGPROB_TOKEN_LOGPROBS], ref[:, labels], atol=ATOL
         )
         assert len(result.token_ids) == max_tokens
         for later in result.responses[1:]:
-            assert later[io.PROMPT_IDS].size == 0 and later[io.PROMPT_TOKEN_LOGPROBS].size == 0
+            assert (
+                later[contract.PROMPT_IDS].size == 0
+                and later[contract.PROMPT_TOKEN_LOGPROBS].size == 0
+            )
 
 
 def test_logit_bias_changes_sampling_not_the_reported_logprob(
@@ -439,18 +484,18 @@ def test_logit_bias_changes_sampling_not_the_reported_logprob(
         triton_server.grpc_url,
         "llm",
         {
-            io.INPUT_IDS: i32(*passage_ids[:4]),
-            io.MAX_TOKENS: i32(3),
-            io.TEMPERATURE: f32(0.0),
-            io.LOGPROBS: i32(0),
-            io.LOGIT_BIAS_IDS: i32(target),
-            io.LOGIT_BIAS_VALUES: np.array([100.0], np.float32),
+            contract.INPUT_IDS: i32(*passage_ids[:4]),
+            contract.MAX_TOKENS: i32(3),
+            contract.TEMPERATURE: f32(0.0),
+            contract.LOGPROBS: i32(0),
+            contract.LOGIT_BIAS_IDS: i32(target),
+            contract.LOGIT_BIAS_VALUES: np.array([100.0], np.float32),
         },
     )
     assert result.token_ids == [target] * 3
     ref = reference_logprobs(model_dir, passage_ids[:4], result.token_ids)
-    np.testing.assert_allclose(result.cat(io.OUTPUT_LOGPROBS), ref[:, target], atol=ATOL)
-    assert np.all(result.cat(io.OUTPUT_LOGPROBS) < -1.0)  # raw: the model itself dislikes it
+    np.testing.assert_allclose(result.cat(contract.OUTPUT_LOGPROBS), ref[:, target], atol=ATOL)
+    assert np.all(result.cat(contract.OUTPUT_LOGPROBS) < -1.0)  # raw: the model itself dislikes it
 
 
 def test_allowed_token_ids_restrict_sampling(triton_server, passage_ids):
@@ -459,11 +504,11 @@ def test_allowed_token_ids_restrict_sampling(triton_server, passage_ids):
         triton_server.grpc_url,
         "llm",
         {
-            io.INPUT_IDS: i32(*passage_ids[:4]),
-            io.MAX_TOKENS: i32(30),
-            io.TEMPERATURE: f32(1.0),
-            io.SEED: np.array([3], np.int64),
-            io.ALLOWED_TOKEN_IDS: i32(*allowed),
+            contract.INPUT_IDS: i32(*passage_ids[:4]),
+            contract.MAX_TOKENS: i32(30),
+            contract.TEMPERATURE: f32(1.0),
+            contract.SEED: np.array([3], np.int64),
+            contract.ALLOWED_TOKEN_IDS: i32(*allowed),
         },
     )
     assert set(result.token_ids) <= set(allowed)
@@ -476,28 +521,28 @@ def test_penalties_reduce_repetition(triton_server):
 
     def distinct(**penalties: float) -> int:
         inputs = {
-            io.INPUT_IDS: i32(*prompt),
-            io.MAX_TOKENS: i32(40),
-            io.TEMPERATURE: f32(0.0),
-            io.IGNORE_EOS: np.array([True]),
+            contract.INPUT_IDS: i32(*prompt),
+            contract.MAX_TOKENS: i32(40),
+            contract.TEMPERATURE: f32(0.0),
+            contract.IGNORE_EOS: np.array([True]),
         }
         inputs.update({name: f32(value) for name, value in penalties.items()})
         return len(set(generate(triton_server.grpc_url, "llm", inputs).token_ids))
 
     plain = distinct()
-    assert distinct(**{io.FREQUENCY_PENALTY: 2.0}) > plain
-    assert distinct(**{io.PRESENCE_PENALTY: 2.0}) > plain
-    assert distinct(**{io.REPETITION_PENALTY: 3.0}) > plain
+    assert distinct(**{contract.FREQUENCY_PENALTY: 2.0}) > plain
+    assert distinct(**{contract.PRESENCE_PENALTY: 2.0}) > plain
+    assert distinct(**{contract.REPETITION_PENALTY: 3.0}) > plain
 
 
 def test_min_tokens_holds_back_eos(triton_server, model_dir, passage_ids):
     inputs = {
-        io.INPUT_IDS: i32(*passage_ids[:-2]),
-        io.MAX_TOKENS: i32(10),
-        io.TEMPERATURE: f32(0.0),
+        contract.INPUT_IDS: i32(*passage_ids[:-2]),
+        contract.MAX_TOKENS: i32(10),
+        contract.TEMPERATURE: f32(0.0),
     }
     assert len(generate(triton_server.grpc_url, "llm", inputs).token_ids) == 3  # 2 + EOS
-    result = generate(triton_server.grpc_url, "llm", {**inputs, io.MIN_TOKENS: i32(6)})
+    result = generate(triton_server.grpc_url, "llm", {**inputs, contract.MIN_TOKENS: i32(6)})
     assert len(result.token_ids) >= 6
     assert tokenizer(model_dir).eos_token_id not in result.token_ids[:5]
 
@@ -509,11 +554,11 @@ def test_include_stop_str_in_output(triton_server):
         triton_server.grpc_url,
         "ensemble",
         {
-            io.TEXT_INPUT: text(head),
-            io.MAX_TOKENS: i32(100),
-            io.TEMPERATURE: f32(0.0),
-            io.STOP: np.array([b"fox"], dtype=object),
-            io.INCLUDE_STOP_STR_IN_OUTPUT: np.array([True]),
+            contract.TEXT_INPUT: text(head),
+            contract.MAX_TOKENS: i32(100),
+            contract.TEMPERATURE: f32(0.0),
+            contract.STOP: np.array([b"fox"], dtype=object),
+            contract.INCLUDE_STOP_STR_IN_OUTPUT: np.array([True]),
         },
     )
     assert result.finish_reason == "stop"
@@ -523,22 +568,31 @@ def test_include_stop_str_in_output(triton_server):
 @pytest.mark.parametrize(
     ("inputs", "message"),
     [
-        ({io.PRESENCE_PENALTY: f32(3.0)}, "PRESENCE_PENALTY: must be in [-2, 2]"),
-        ({io.REPETITION_PENALTY: f32(0.0)}, "REPETITION_PENALTY: must be > 0"),
+        ({contract.PRESENCE_PENALTY: f32(3.0)}, "PRESENCE_PENALTY: must be in [-2, 2]"),
+        ({contract.REPETITION_PENALTY: f32(0.0)}, "REPETITION_PENALTY: must be > 0"),
         (
-            {io.LOGIT_BIAS_IDS: i32(1, 2), io.LOGIT_BIAS_VALUES: np.array([1.0], np.float32)},
+            {
+                contract.LOGIT_BIAS_IDS: i32(1, 2),
+                contract.LOGIT_BIAS_VALUES: np.array([1.0], np.float32),
+            },
             "LOGIT_BIAS_VALUES: has 1 values for 2 ids",
         ),
         (
-            {io.LOGIT_BIAS_IDS: i32(1), io.LOGIT_BIAS_VALUES: np.array([101.0], np.float32)},
+            {
+                contract.LOGIT_BIAS_IDS: i32(1),
+                contract.LOGIT_BIAS_VALUES: np.array([101.0], np.float32),
+            },
             "LOGIT_BIAS_VALUES: each bias must be in [-100, 100]",
         ),
-        ({io.ALLOWED_TOKEN_IDS: i32(5000)}, "ALLOWED_TOKEN_IDS: id 5000 is outside"),
-        ({io.MIN_TOKENS: i32(50)}, "MIN_TOKENS: must be in [0, MAX_TOKENS=16], got 50"),
-        ({io.PROMPT_LOGPROBS: i32(21)}, "PROMPT_LOGPROBS: must be in [0, 20]"),
-        ({io.PROMPT_LOGPROB_TOKEN_IDS: i32(-3)}, "PROMPT_LOGPROB_TOKEN_IDS: id -3 is outside"),
+        ({contract.ALLOWED_TOKEN_IDS: i32(5000)}, "ALLOWED_TOKEN_IDS: id 5000 is outside"),
+        ({contract.MIN_TOKENS: i32(50)}, "MIN_TOKENS: must be in [0, MAX_TOKENS=16], got 50"),
+        ({contract.PROMPT_LOGPROBS: i32(21)}, "PROMPT_LOGPROBS: must be in [0, 20]"),
+        (
+            {contract.PROMPT_LOGPROB_TOKEN_IDS: i32(-3)},
+            "PROMPT_LOGPROB_TOKEN_IDS: id -3 is outside",
+        ),
     ],
 )
 def test_bad_sampling_inputs_are_refused(triton_server, inputs, message):
-    result = generate(triton_server.grpc_url, "llm", {io.INPUT_IDS: i32(1, 2), **inputs})
+    result = generate(triton_server.grpc_url, "llm", {contract.INPUT_IDS: i32(1, 2), **inputs})
     assert result.error is not None and message in result.error

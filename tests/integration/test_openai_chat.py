@@ -6,7 +6,7 @@ import httpx
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from backend import triton_io as io
+from backend import contract
 from tests.integration.openai_support import (
     MODEL,
     assert_near_reference,
@@ -43,11 +43,11 @@ def test_logprobs_equal_triton_and_the_reference(
     assert choice.message.role == "assistant"
     assert choice.message.content == direct.text
     assert choice.finish_reason == direct.finish_reason
-    assert [e.logprob for e in content] == direct.cat(io.OUTPUT_LOGPROBS).tolist()
-    assert [bytes(e.bytes) for e in content] == direct.cat(io.OUTPUT_TOKEN_BYTES).tolist()
-    top_ids = direct.cat(io.TOP_LOGPROB_IDS).tolist()
-    top_values = direct.cat(io.TOP_LOGPROBS).tolist()
-    top_bytes = direct.cat(io.TOP_LOGPROB_TOKEN_BYTES).tolist()
+    assert [e.logprob for e in content] == direct.cat(contract.OUTPUT_LOGPROBS).tolist()
+    assert [bytes(e.bytes) for e in content] == direct.cat(contract.OUTPUT_TOKEN_BYTES).tolist()
+    top_ids = direct.cat(contract.TOP_LOGPROB_IDS).tolist()
+    top_values = direct.cat(contract.TOP_LOGPROBS).tolist()
+    top_bytes = direct.cat(contract.TOP_LOGPROB_TOKEN_BYTES).tolist()
     for i, entry in enumerate(content):
         assert [token_id(t.token) for t in entry.top_logprobs] == top_ids[i]  # rank order
         assert [t.logprob for t in entry.top_logprobs] == top_values[i]
@@ -98,8 +98,8 @@ def test_logprob_token_ids(openai_client: openai.OpenAI, triton_server, model_di
         logprobs=0,
         logprob_token_ids=distinct(requested),
     )
-    columns = direct.cat(io.LOGPROB_TOKEN_LOGPROBS).tolist()
-    id_bytes = direct.responses[0][io.LOGPROB_TOKEN_BYTES].tolist()
+    columns = direct.cat(contract.LOGPROB_TOKEN_LOGPROBS).tolist()
+    id_bytes = direct.responses[0][contract.LOGPROB_TOKEN_BYTES].tolist()
     for i, entry in enumerate(content):
         by_id = {token_id(t.token): t for t in entry.top_logprobs[1:]}
         for column, token in enumerate(distinct(requested)):

@@ -7,7 +7,7 @@ import openai
 import pytest
 from openai.types import Completion
 
-from backend import triton_io as io
+from backend import contract
 from tests.integration.openai_support import (
     MODEL,
     assert_near_reference,
@@ -38,9 +38,9 @@ def test_logprobs_equal_triton_and_the_reference(
     assert ids == direct.token_ids
     assert choice.text == direct.text
     assert choice.finish_reason == direct.finish_reason == "length"
-    assert choice.logprobs.token_logprobs == direct.cat(io.OUTPUT_LOGPROBS).tolist()
-    top_ids = direct.cat(io.TOP_LOGPROB_IDS).tolist()
-    top_values = direct.cat(io.TOP_LOGPROBS).tolist()
+    assert choice.logprobs.token_logprobs == direct.cat(contract.OUTPUT_LOGPROBS).tolist()
+    top_ids = direct.cat(contract.TOP_LOGPROB_IDS).tolist()
+    top_values = direct.cat(contract.TOP_LOGPROBS).tolist()
     for i, top in enumerate(choice.logprobs.top_logprobs):
         # The sampled token first, then the natural top 3 (the sampled one not twice).
         expected = {ids[i]: choice.logprobs.token_logprobs[i]}
@@ -82,7 +82,7 @@ def test_logprob_token_ids_sampled_first_then_each_requested_id(
         logprobs=0,
         logprob_token_ids=distinct(requested),
     )
-    columns = direct.cat(io.LOGPROB_TOKEN_LOGPROBS).tolist()
+    columns = direct.cat(contract.LOGPROB_TOKEN_LOGPROBS).tolist()
     positions = []
     for i, top in enumerate(logprobs.top_logprobs):
         keys = [token_id(k) for k in top]

@@ -7,16 +7,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backend import triton_io as io
+from backend import contract
 from tests.streaming import Streamer
 
-INPUTS = [
-    io.INPUT_IDS, io.MAX_TOKENS, io.TEMPERATURE, io.TOP_P, io.TOP_K, io.SEED, io.STOP,
-    io.STOP_TOKEN_IDS, io.IGNORE_EOS, io.LOGPROBS, io.LOGPROB_TOKEN_IDS, io.PROMPT_LOGPROBS,
-    io.PROMPT_LOGPROB_TOKEN_IDS, io.PRESENCE_PENALTY, io.FREQUENCY_PENALTY,
-    io.REPETITION_PENALTY, io.LOGIT_BIAS_IDS, io.LOGIT_BIAS_VALUES, io.ALLOWED_TOKEN_IDS,
-    io.MIN_TOKENS, io.INCLUDE_STOP_STR_IN_OUTPUT,
-]  # fmt: skip
+INPUTS = sorted(contract.MODELS["llm"].inputs)
 DTYPES = [np.int32, np.int64, np.float32, np.bool_, object]
 INTS = st.sampled_from([0, 1, 2, 5, 20, 21, 1023, 1024, -1, -(2**31), 2**31 - 1])
 FLOATS = st.sampled_from([0.0, 0.5, 1.0, -1.0, 100.0, 1e30, float("nan"), float("inf")])
@@ -47,8 +41,8 @@ def request(draw: st.DrawFn) -> dict[str, np.ndarray]:
     names = draw(st.lists(st.sampled_from(INPUTS), max_size=6, unique=True))
     arrays = {name: draw(tensor()) for name in names}
     if draw(st.booleans()):  # often a valid prompt, so the other inputs get checked too
-        arrays[io.INPUT_IDS] = np.array([1, 2, 3], dtype=np.int32)
-    arrays.setdefault(io.MAX_TOKENS, np.array([2], dtype=np.int32))
+        arrays[contract.INPUT_IDS] = np.array([1, 2, 3], dtype=np.int32)
+    arrays.setdefault(contract.MAX_TOKENS, np.array([2], dtype=np.int32))
     return arrays
 
 
@@ -60,12 +54,14 @@ def test_malformed_requests_end_and_the_server_keeps_serving(triton_server, arra
         result = streamer.run("llm", arrays, timeout=60)
         if result.error is None:
             assert result.responses, "a stream without responses"
-            assert len(result.token_ids) <= max(int(np.asarray(arrays[io.MAX_TOKENS]).max()), 0)
+            assert len(result.token_ids) <= max(
+                int(np.asarray(arrays[contract.MAX_TOKENS]).max()), 0
+            )
         else:
             assert result.error.strip(), "an error without a message"
-        good = streamer.run("llm", {io.INPUT_IDS: np.array([4, 5], np.int32),
-                                    io.MAX_TOKENS: np.array([2], np.int32),
-                                    io.IGNORE_EOS: np.array([True])})  # fmt: skip
+        good = streamer.run("llm", {contract.INPUT_IDS: np.array([4, 5], np.int32),
+                                    contract.MAX_TOKENS: np.array([2], np.int32),
+                                    contract.IGNORE_EOS: np.array([True])})  # fmt: skip
         assert good.error is None and len(good.token_ids) == 2
     finally:
         streamer.close()

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backend import triton_io as io
+from backend import contract
 from backend.repository import write_repository
 from backend.tritonserver import TritonServer
 from tests.streaming import Streamer
@@ -54,9 +54,9 @@ def test_a_load_with_disconnects_leaves_nothing_in_flight(model_dir: Path, tmp_p
                 streamer.send(
                     "llm",
                     {
-                        io.INPUT_IDS: np.arange(1, 2 + index % 16, dtype=np.int32),
-                        io.MAX_TOKENS: np.array([_max_tokens(index)], np.int32),
-                        io.IGNORE_EOS: np.array([True]),
+                        contract.INPUT_IDS: np.arange(1, 2 + index % 16, dtype=np.int32),
+                        contract.MAX_TOKENS: np.array([_max_tokens(index)], np.int32),
+                        contract.IGNORE_EOS: np.array([True]),
                     },
                 )
                 responses = 0
@@ -64,7 +64,7 @@ def test_a_load_with_disconnects_leaves_nothing_in_flight(model_dir: Path, tmp_p
                     outputs, error, final = streamer.next()
                     assert error is None, error
                     assert outputs is not None
-                    tokens += outputs[io.OUTPUT_IDS].size
+                    tokens += outputs[contract.OUTPUT_IDS].size
                     responses += 1
                 return tokens
             finally:

@@ -6,9 +6,15 @@ import json
 import triton_python_backend_utils as pb_utils
 
 from backend.config import preprocessing_model_path
+from backend.contract import (
+    ADD_SPECIAL_TOKENS,
+    INPUT_IDS,
+    MESSAGES,
+    TEXT_INPUT,
+    TOKEN_BYTES,
+)
 from backend.params import InvalidRequestError
 from backend.preprocessing import Preprocessor
-from backend.triton_io import ADD_SPECIAL_TOKENS, INPUT_IDS, MESSAGES, TEXT_INPUT, TOKEN_BYTES
 
 
 def _input(request, name: str):

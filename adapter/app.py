@@ -17,6 +17,7 @@ from adapter.chat.router import router as chat_router
 from adapter.chat.serving import OpenAIServingChat
 from adapter.completions.router import router as completions_router
 from adapter.completions.serving import OpenAIServingCompletion
+from adapter.engine_client import EngineClient
 from adapter.errors import (
     EXPECTED_ERRORS,
     EngineError,
@@ -40,7 +41,7 @@ from adapter.settings import AdapterSettings
 from adapter.shutdown import Lifecycle
 from adapter.tokenize.router import router as tokenize_router
 from adapter.tokenize.serving import OpenAIServingTokenization
-from adapter.triton_client import Engine, TritonEngine
+from adapter.triton_client import TritonEngineClient
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +128,9 @@ def openapi_schema(app: FastAPI) -> dict[str, Any]:
     return app.openapi_schema
 
 
-def create_app(settings: AdapterSettings | None = None, engine: Engine | None = None) -> FastAPI:
+def create_app(
+    settings: AdapterSettings | None = None, engine: EngineClient | None = None
+) -> FastAPI:
     """The app; `engine` replaces the Triton connection (unit tests pass a fake)."""
     settings = settings or AdapterSettings()
     metrics = AdapterMetrics()
@@ -138,7 +141,7 @@ def create_app(settings: AdapterSettings | None = None, engine: Engine | None = 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        triton = engine or TritonEngine(
+        triton = engine or TritonEngineClient(
             settings.triton_url,
             preprocessing_model=settings.preprocessing_model,
             llm_model=settings.llm_model,

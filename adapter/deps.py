@@ -8,13 +8,13 @@ from fastapi import Depends, Request
 
 from adapter.chat.serving import OpenAIServingChat
 from adapter.completions.serving import OpenAIServingCompletion
+from adapter.engine_client import EngineClient
 from adapter.models import OpenAIServingModels
 from adapter.scoring.serving import OpenAIServingGenerativeScoring
 from adapter.tokenize.serving import OpenAIServingTokenization
-from adapter.triton_client import Engine
 
 
-def get_engine(request: Request) -> Engine:
+def get_engine_client(request: Request) -> EngineClient:
     return request.app.state.engine
 
 
@@ -38,7 +38,7 @@ def get_scoring_serving(request: Request) -> OpenAIServingGenerativeScoring:
     return request.app.state.scoring_serving
 
 
-EngineDep = Annotated[Engine, Depends(get_engine)]
+EngineClientDep = Annotated[EngineClient, Depends(get_engine_client)]
 ModelsDep = Annotated[OpenAIServingModels, Depends(get_models)]
 CompletionServingDep = Annotated[OpenAIServingCompletion, Depends(get_completion_serving)]
 ChatServingDep = Annotated[OpenAIServingChat, Depends(get_chat_serving)]

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+from adapter.engine_client import EngineClient, ModelInfo
 from adapter.errors import ModelNotFoundError
 from adapter.protocol import ModelCard, ModelList
-from adapter.triton_client import Engine, ModelInfo
 
 
 class OpenAIServingModels:
     """Resolves the served name: the configured one, else the model folder's name from Triton."""
 
-    def __init__(self, engine: Engine, served_model_name: str | None) -> None:
+    def __init__(self, engine: EngineClient, served_model_name: str | None) -> None:
         self._engine = engine
         self._configured_name = served_model_name
 

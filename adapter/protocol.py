@@ -11,7 +11,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from adapter.errors import InvalidRequestError
-from adapter.tensors import GenerationParams, TritonOutput
+from adapter.tensors import TritonOutput, TritonRequest
 
 logger = logging.getLogger(__name__)
 
@@ -338,10 +338,10 @@ class GenerationRequest(OpenAIBaseModel):
         check_stream_options(self.stream, self.stream_options)
         return self
 
-    def sampling_params(self) -> GenerationParams:
+    def sampling_params(self) -> TritonRequest:
         """The params both endpoints fill alike (null leaves the model's default); the endpoint
         adds the prompt, the token limit and the logprob counts."""
-        return GenerationParams(
+        return TritonRequest(
             add_special_tokens=self.add_special_tokens,
             temperature=self.temperature,
             top_p=self.top_p,
@@ -360,7 +360,7 @@ class GenerationRequest(OpenAIBaseModel):
             logprob_token_ids=distinct(self.logprob_token_ids),
         )
 
-    def samples(self, params: GenerationParams) -> list[GenerationParams]:
+    def samples(self, params: TritonRequest) -> list[TritonRequest]:
         """`n` requests for one prompt, one a choice: sample i gets seed + i (wrapping in int64),
         so each is reproducible and they differ."""
         n = self.n or 1

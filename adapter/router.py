@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from adapter.deps import EngineDep, ModelsDep
+from adapter.deps import EngineClientDep, ModelsDep
 from adapter.errors import EngineUnavailableError
 from adapter.protocol import ModelCard, ModelList
 
@@ -18,7 +18,7 @@ async def health() -> dict[str, str]:
 
 
 @router.get("/health/ready")
-async def ready(engine: EngineDep) -> dict[str, str]:
+async def ready(engine: EngineClientDep) -> dict[str, str]:
     """Triton and both models are ready (503 otherwise); also caches the model's limits.
 
     While the adapter drains after SIGTERM the middleware answers 503 before this runs."""

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel
 
 from adapter.context import current_request
+from adapter.engine_client import EngineClient, ModelInfo
 from adapter.errors import (
     EXPECTED_ERRORS,
     EngineError,
@@ -33,8 +34,7 @@ from adapter.metrics import AdapterMetrics
 from adapter.models import OpenAIServingModels
 from adapter.protocol import StreamOptions, UsageInfo
 from adapter.settings import AdapterSettings
-from adapter.tensors import GenerationParams, TritonOutput
-from adapter.triton_client import Engine, ModelInfo
+from adapter.tensors import TritonOutput, TritonRequest
 from backend import contract
 
 logger = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class OpenAIServing:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: EngineClient,
         models: OpenAIServingModels,
         limits: ServingLimits | None = None,
         metrics: AdapterMetrics | None = None,
@@ -220,7 +220,7 @@ class OpenAIServing:
             ) from exc
 
     async def outputs(
-        self, params: GenerationParams, request_id: str, fields: Mapping[str, str] | None = None
+        self, params: TritonRequest, request_id: str, fields: Mapping[str, str] | None = None
     ) -> AsyncGenerator[TritonOutput, None]:
         """The model's responses to one request (`fields`: see `field_errors`); every Triton
         stream passes here, so its token metrics are taken here."""
@@ -232,7 +232,7 @@ class OpenAIServing:
                     yield output
 
     async def collect(
-        self, params: GenerationParams, request_id: str, fields: Mapping[str, str] | None = None
+        self, params: TritonRequest, request_id: str, fields: Mapping[str, str] | None = None
     ) -> list[TritonOutput]:
         """All responses of a non-streamed request, the last one final."""
         outputs = [output async for output in self.outputs(params, request_id, fields)]
@@ -242,7 +242,7 @@ class OpenAIServing:
 
     async def collect_all(
         self,
-        choices: Sequence[GenerationParams],
+        choices: Sequence[TritonRequest],
         request_id: str,
         fields: Mapping[str, str] | None = None,
     ) -> list[list[TritonOutput]]:
@@ -252,7 +252,7 @@ class OpenAIServing:
         )
 
     async def start_streams(
-        self, choices: Sequence[GenerationParams], request_id: str
+        self, choices: Sequence[TritonRequest], request_id: str
     ) -> list[AsyncGenerator[TritonOutput, None]]:
         """Every choice's stream, once each answered once (all requests in flight together).
 
@@ -261,7 +261,7 @@ class OpenAIServing:
         """
 
         async def first(
-            params: GenerationParams, choice_id: str
+            params: TritonRequest, choice_id: str
         ) -> tuple[TritonOutput, AsyncGenerator[TritonOutput, None]]:
             outputs = self.outputs(params, choice_id)
             try:
@@ -281,7 +281,7 @@ class OpenAIServing:
         return [_prepend(output, rest) for output, rest in started]
 
     async def tokenize(
-        self, params: GenerationParams, request_id: str, fields: Mapping[str, str] | None = None
+        self, params: TritonRequest, request_id: str, fields: Mapping[str, str] | None = None
     ) -> list[int]:
         """A text or chat prompt's ids from `preprocessing` (`fields`: see `field_errors`)."""
         with self.field_errors(fields):

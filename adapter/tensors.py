@@ -15,7 +15,7 @@ from backend import contract
 
 
 @dataclass(frozen=True)
-class GenerationParams:
+class TritonRequest:
     """One generation request in the models' terms; `None` / empty leaves the model's default.
 
     Exactly one prompt field is set. `logprob_token_ids` and `prompt_logprob_token_ids` hold
@@ -84,7 +84,7 @@ def _strings(values: list[str] | tuple[str, ...]) -> np.ndarray:
     return np.array([v.encode("utf-8") for v in values], dtype=np.object_)
 
 
-def preprocessing_inputs(params: GenerationParams) -> dict[str, np.ndarray]:
+def preprocessing_inputs(params: TritonRequest) -> dict[str, np.ndarray]:
     """The `preprocessing` model's inputs: the text or the chat messages as JSON."""
     if (params.text is None) == (params.messages is None):
         raise ValueError("preprocessing needs exactly one of text, messages")
@@ -100,7 +100,7 @@ def preprocessing_inputs(params: GenerationParams) -> dict[str, np.ndarray]:
 
 
 def llm_inputs(
-    params: GenerationParams, prompt_ids: Sequence[int] | np.ndarray
+    params: TritonRequest, prompt_ids: Sequence[int] | np.ndarray
 ) -> dict[str, np.ndarray]:
     """The `llm` model's inputs, typed as its config declares them; unset options are left out."""
     arrays: dict[str, np.ndarray] = {contract.INPUT_IDS: np.asarray(prompt_ids, dtype=np.int32)}

@@ -4,7 +4,7 @@ Text and chat prompts are tokenized by a call to `preprocessing`, then generated
 `llm`, rather than streamed through `ensemble`: Triton's ensemble scheduler passes a
 cancellation on only between steps, so a cancelled ensemble request keeps `llm` generating to
 the end (checked on Triton 2.51), while a cancelled `llm` stream frees the sequence at once.
-Serving code depends on the `Engine` protocol only, so unit tests pass a fake.
+Serving code depends on the `adapter.engine_client.EngineClient` protocol only.
 """
 
 from __future__ import annotations
@@ -12,11 +12,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Mapping,
+    Sequence,
+)
 from contextlib import aclosing
-from dataclasses import dataclass
-from pathlib import PurePath
-from typing import Any, Protocol
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
@@ -26,10 +32,11 @@ from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, KeepAliveOptions
 from tritonclient.utils import InferenceServerException
 
 from adapter.balancer import Balancer, split_targets
+from adapter.engine_client import ModelInfo
 from adapter.errors import EngineError, EngineUnavailableError, TritonInputError
 from adapter.tensors import (
-    GenerationParams,
     TritonOutput,
+    TritonRequest,
     llm_inputs,
     preprocessing_inputs,
     to_infer_inputs,
@@ -37,6 +44,7 @@ from adapter.tensors import (
 from backend import contract
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 # The model reports bad input as "<TENSOR>: <detail>"; Triton may put a request-id tag and, for
@@ -70,72 +78,6 @@ def channel_args(max_reconnect_backoff_ms: int = 1000) -> list[tuple[str, int]]:
     ]
 
 
-@dataclass(frozen=True)
-class ModelInfo:
-    """The `llm` model's config parameters the adapter validates against (read once, cached)."""
-
-    max_model_len: int | None = None
-    max_logprobs: int = contract.DEFAULT_MAX_LOGPROBS
-    max_logprob_token_ids: int = contract.DEFAULT_MAX_LOGPROB_TOKEN_IDS
-    model_path: str | None = None
-
-    @classmethod
-    def from_parameters(cls, parameters: Mapping[str, str]) -> ModelInfo:
-        """Parses config.pbtxt `parameters` (all strings); an absent one keeps the default."""
-        defaults = cls()
-
-        def integer(name: str, default: int | None) -> int | None:
-            value = parameters.get(name, "").strip()
-            return int(value) if value else default
-
-        return cls(
-            # 0 means "the model's own context", which only the model knows.
-            max_model_len=integer("max_model_len", defaults.max_model_len) or None,
-            max_logprobs=integer("max_logprobs", defaults.max_logprobs),
-            max_logprob_token_ids=integer("max_logprob_token_ids", defaults.max_logprob_token_ids),
-            model_path=parameters.get("model_path") or None,
-        )
-
-    @property
-    def default_model_name(self) -> str:
-        """The API model id when none is configured: the model folder's name."""
-        return PurePath(self.model_path).name if self.model_path else "llm"
-
-
-class Engine(Protocol):
-    """What serving needs from Triton."""
-
-    async def is_ready(self) -> bool:
-        """Triton is up and the models the adapter calls are ready."""
-        ...
-
-    async def model_info(self) -> ModelInfo:
-        """The generation model's limits; raises `EngineUnavailableError` if unreachable."""
-        ...
-
-    async def tokenize(self, params: GenerationParams, request_id: str) -> list[int]:
-        """The ids of a text or chat prompt (`preprocessing`); raises as `generate` does."""
-        ...
-
-    async def token_bytes(self, ids: Sequence[int], request_id: str) -> list[bytes]:
-        """Each id's bytes (`preprocessing` detokenizes); raises as `generate` does."""
-        ...
-
-    def generate(
-        self, params: GenerationParams, request_id: str
-    ) -> AsyncGenerator[TritonOutput, None]:
-        """Streams the model's responses, the last one `final`; closing it cancels the request.
-
-        Raises `TritonInputError` for input the model rejected, `EngineUnavailableError` when
-        Triton or the model is not there, `EngineError` otherwise.
-        """
-        ...
-
-    async def close(self) -> None:
-        """Releases the connection."""
-        ...
-
-
 def error_from_triton(message: str) -> Exception:
     """Classifies an error message of a Triton stream (the stream drops the status code)."""
     match = _INPUT_ERROR.match(message)
@@ -160,8 +102,8 @@ def error_from_rpc(exc: grpc.RpcError | InferenceServerException) -> Exception:
     return error_from_triton(exc.message() or str(exc))
 
 
-class TritonEngine:
-    """`Engine` over Triton's gRPC API, balanced over one or more replicas.
+class TritonEngineClient:
+    """`EngineClient` over Triton's gRPC API, balanced over one or more replicas.
 
     `url` is `host:port` or a comma-separated list of them; a name resolving to several
     addresses counts as several replicas (see `adapter.balancer`). Each request goes to the next
@@ -211,6 +153,20 @@ class TritonEngine:
         self._balancer.mark_down(address, exc)
         return await self._pick(exclude={address})
 
+    async def _on_a_replica(self, attempt: Callable[[str], Awaitable[T]]) -> T:
+        """`attempt` on the next replica, and once more on another if that one was unreachable
+        (before it answered: a stream that has produced output is not retried)."""
+        address = await self._pick()
+        assert address is not None
+        try:
+            return await attempt(address)
+        except EngineUnavailableError as exc:
+            retry = await self._fail_over(address, exc)
+            if retry is None:
+                raise
+        logger.info("retried on Triton at %s after %s failed", retry, address)
+        return await attempt(retry)
+
     async def _replica_ready(self, address: str) -> bool:
         """Triton at `address` is up and the models the adapter calls are ready."""
         client = self._balancer.client(address)
@@ -240,21 +196,18 @@ class TritonEngine:
 
     async def model_info(self) -> ModelInfo:
         if self._info is None:
-            address = await self._pick()
-            while True:
-                assert address is not None
+
+            async def read_config(address: str) -> Any:
                 try:
-                    response = await self._balancer.client(address).get_model_config(
+                    return await self._balancer.client(address).get_model_config(
                         self._llm_model, client_timeout=self._timeout_s
                     )
-                    break
                 except InferenceServerException as exc:
-                    retry = await self._fail_over(address, exc)
-                    if retry is None:
-                        raise EngineUnavailableError(
-                            f"cannot read the config of Triton model `{self._llm_model}`: {exc}"
-                        ) from exc
-                    address = retry
+                    raise EngineUnavailableError(
+                        f"cannot read the config of Triton model `{self._llm_model}`: {exc}"
+                    ) from exc
+
+            response = await self._on_a_replica(read_config)
             parameters = {k: v.string_value for k, v in response.config.parameters.items()}
             self._info = ModelInfo.from_parameters(parameters)
             logger.info("Triton model `%s`: %s", self._llm_model, self._info)
@@ -275,55 +228,43 @@ class TritonEngine:
             raise EngineError(f"`{self._preprocessing_model}` returned no {output}")
         return values
 
-    async def _preprocess_any(
-        self, arrays: Mapping[str, np.ndarray], output: str, request_id: str
-    ) -> np.ndarray:
-        """`_preprocess` on the next replica, retried once on another if that one is down."""
-        address = await self._pick()
-        assert address is not None
-        try:
-            return await self._preprocess(address, arrays, output, request_id)
-        except EngineUnavailableError as exc:
-            retry = await self._fail_over(address, exc)
-            if retry is None:
-                raise
-            return await self._preprocess(retry, arrays, output, request_id)
-
-    async def tokenize(self, params: GenerationParams, request_id: str) -> list[int]:
+    async def tokenize(self, params: TritonRequest, request_id: str) -> list[int]:
         """INPUT_IDS of a text or chat prompt, from the `preprocessing` model."""
-        ids = await self._preprocess_any(
-            preprocessing_inputs(params), contract.INPUT_IDS, request_id
+        arrays = preprocessing_inputs(params)
+        ids = await self._on_a_replica(
+            lambda address: self._preprocess(address, arrays, contract.INPUT_IDS, request_id)
         )
         return ids.tolist()
 
     async def token_bytes(self, ids: Sequence[int], request_id: str) -> list[bytes]:
         """TOKEN_BYTES of `preprocessing` given INPUT_IDS alone."""
         arrays = {contract.INPUT_IDS: np.asarray(ids, dtype=np.int32)}
-        return (await self._preprocess_any(arrays, contract.TOKEN_BYTES, request_id)).tolist()
+        token_bytes = await self._on_a_replica(
+            lambda address: self._preprocess(address, arrays, contract.TOKEN_BYTES, request_id)
+        )
+        return token_bytes.tolist()
 
     async def generate(
-        self, params: GenerationParams, request_id: str
+        self, params: TritonRequest, request_id: str
     ) -> AsyncGenerator[TritonOutput, None]:
-        address = await self._pick()
-        assert address is not None
-        produced = False
-        try:
-            async with aclosing(self._generate_on(address, params, request_id)) as stream:
-                async for output in stream:
-                    produced = True
-                    yield output
-            return
-        except EngineUnavailableError as exc:
-            retry = None if produced else await self._fail_over(address, exc)
-            if retry is None:
+        async def first_output(
+            address: str,
+        ) -> tuple[AsyncGenerator[TritonOutput, None], TritonOutput]:
+            stream = self._generate_on(address, params, request_id)
+            try:
+                return stream, await anext(stream)
+            except BaseException:
+                await stream.aclose()
                 raise
-        logger.info("request %s: retried on Triton at %s", request_id, retry)
-        async with aclosing(self._generate_on(retry, params, request_id)) as stream:
+
+        stream, output = await self._on_a_replica(first_output)
+        async with aclosing(stream):
+            yield output
             async for output in stream:
                 yield output
 
     async def _generate_on(
-        self, address: str, params: GenerationParams, request_id: str
+        self, address: str, params: TritonRequest, request_id: str
     ) -> AsyncGenerator[TritonOutput, None]:
         """One request on the replica at `address`: tokenizing if needed, then the stream."""
         prompt_ids: Sequence[int] = params.prompt_ids or ()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from backend.contract import DEFAULT_MAX_LOGPROB_TOKEN_IDS, DEFAULT_MAX_LOGPROBS
 
 
-class InvalidRequestError(ValueError):
+class InvalidInputError(ValueError):
     """A request the engine refuses; `parameter` names the offending tensor."""
 
     def __init__(self, parameter: str, message: str) -> None:

@@ -13,33 +13,33 @@ from backend.contract import (
     MESSAGES,
     TEXT_INPUT,
 )
-from backend.params import InvalidRequestError
+from backend.params import InvalidInputError
 from backend.token_bytes import token_bytes_table
 
 
 def _one_string(name: str, value: np.ndarray) -> str:
     value = np.asarray(value, dtype=object).reshape(-1)
     if value.size != 1:
-        raise InvalidRequestError(name, f"expected one element, got {value.size}")
+        raise InvalidInputError(name, f"expected one element, got {value.size}")
     item = value[0]
     try:
         return item.decode("utf-8") if isinstance(item, bytes) else str(item)
     except UnicodeDecodeError as exc:
-        raise InvalidRequestError(name, "is not valid UTF-8") from exc
+        raise InvalidInputError(name, "is not valid UTF-8") from exc
 
 
 def _messages(raw: str) -> list[dict]:
     try:
         messages = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise InvalidRequestError(MESSAGES, f"is not valid JSON: {exc.msg}") from exc
+        raise InvalidInputError(MESSAGES, f"is not valid JSON: {exc.msg}") from exc
     if not isinstance(messages, list) or not messages:
-        raise InvalidRequestError(MESSAGES, "must be a non-empty JSON list of messages")
+        raise InvalidInputError(MESSAGES, "must be a non-empty JSON list of messages")
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise InvalidRequestError(MESSAGES, "each message needs a string `role`")
+            raise InvalidInputError(MESSAGES, "each message needs a string `role`")
         if not isinstance(message.get("content", ""), str):
-            raise InvalidRequestError(MESSAGES, "only string `content` is supported")
+            raise InvalidInputError(MESSAGES, "only string `content` is supported")
     return messages
 
 
@@ -67,14 +67,14 @@ class Preprocessor:
         if input_ids is None:
             ids = self.to_ids(text, messages, add_special_tokens)
         elif text is not None or messages is not None:
-            raise InvalidRequestError(INPUT_IDS, f"give {INPUT_IDS} alone, not with a prompt")
+            raise InvalidInputError(INPUT_IDS, f"give {INPUT_IDS} alone, not with a prompt")
         else:
             ids = np.asarray(input_ids).reshape(-1)
             if ids.dtype.kind not in "iu":
-                raise InvalidRequestError(INPUT_IDS, f"expected integer ids, got {ids.dtype}")
+                raise InvalidInputError(INPUT_IDS, f"expected integer ids, got {ids.dtype}")
             bad = ids[(ids < 0) | (ids >= self.vocab_size)]
             if bad.size:
-                raise InvalidRequestError(
+                raise InvalidInputError(
                     INPUT_IDS, f"id {int(bad[0])} is outside the vocabulary [0, {self.vocab_size})"
                 )
             ids = ids.astype(np.int32)
@@ -89,7 +89,7 @@ class Preprocessor:
         """INT32 prompt ids. Chat renders the template with the generation prompt; the template
         writes its own special tokens, so none are added by default."""
         if (text is None) == (messages is None):
-            raise InvalidRequestError(
+            raise InvalidInputError(
                 TEXT_INPUT, f"give exactly one of {TEXT_INPUT}, {MESSAGES}, {INPUT_IDS}"
             )
         if text is not None:

@@ -53,7 +53,7 @@ from backend.contract import (
     TOP_LOGPROBS,
     TOP_P,
 )
-from backend.params import EngineLimits, GenerationParams, InvalidRequestError
+from backend.params import EngineLimits, GenerationParams, InvalidInputError
 
 if TYPE_CHECKING:
     from backend.outputs import PromptLogprobs, StepOutput
@@ -66,9 +66,9 @@ def _scalar(arrays: Mapping[str, np.ndarray], name: str, kind: str):
         return None
     value = np.asarray(value)
     if value.size != 1:
-        raise InvalidRequestError(name, f"expected one element, got shape {list(value.shape)}")
+        raise InvalidInputError(name, f"expected one element, got shape {list(value.shape)}")
     if value.dtype.kind not in kind:
-        raise InvalidRequestError(name, f"unexpected dtype {value.dtype}")
+        raise InvalidInputError(name, f"unexpected dtype {value.dtype}")
     return value.reshape(-1)[0].item()
 
 
@@ -78,16 +78,16 @@ def _int_list(arrays: Mapping[str, np.ndarray], name: str) -> list[int] | None:
         return None
     value = np.asarray(value)
     if value.dtype.kind not in "iu":
-        raise InvalidRequestError(name, f"expected integer token ids, got dtype {value.dtype}")
+        raise InvalidInputError(name, f"expected integer token ids, got dtype {value.dtype}")
     if value.ndim != 1:
-        raise InvalidRequestError(name, f"expected a 1-D tensor, got shape {list(value.shape)}")
+        raise InvalidInputError(name, f"expected a 1-D tensor, got shape {list(value.shape)}")
     return value.astype(np.int64).tolist()
 
 
 def _check_ids(name: str, ids: list[int], vocab_size: int) -> None:
     bad = [i for i in ids if not 0 <= i < vocab_size]
     if bad:
-        raise InvalidRequestError(name, f"id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+        raise InvalidInputError(name, f"id {bad[0]} is outside the vocabulary [0, {vocab_size})")
 
 
 def _strings(arrays: Mapping[str, np.ndarray], name: str) -> list[str]:
@@ -100,19 +100,19 @@ def _strings(arrays: Mapping[str, np.ndarray], name: str) -> list[str]:
             for v in np.asarray(value, dtype=object).reshape(-1)
         ]
     except UnicodeDecodeError as exc:
-        raise InvalidRequestError(name, "is not valid UTF-8") from exc
+        raise InvalidInputError(name, "is not valid UTF-8") from exc
 
 
 def parse_request(
     arrays: Mapping[str, np.ndarray], limits: EngineLimits, request_id: str = ""
 ) -> GenerationParams:
-    """Input tensors of one request -> validated params; raises InvalidRequestError."""
+    """Input tensors of one request -> validated params; raises InvalidInputError."""
     prompt = _int_list(arrays, INPUT_IDS)
     if not prompt:
-        raise InvalidRequestError(INPUT_IDS, "the prompt is empty")
+        raise InvalidInputError(INPUT_IDS, "the prompt is empty")
     _check_ids(INPUT_IDS, prompt, limits.vocab_size)
     if len(prompt) >= limits.max_model_len:
-        raise InvalidRequestError(
+        raise InvalidInputError(
             INPUT_IDS,
             f"the prompt has {len(prompt)} tokens, the context holds {limits.max_model_len}",
         )
@@ -121,22 +121,22 @@ def parse_request(
     max_tokens = _scalar(arrays, MAX_TOKENS, "iu")
     if max_tokens is not None:
         if max_tokens < 0:
-            raise InvalidRequestError(MAX_TOKENS, f"must be >= 0, got {max_tokens}")
+            raise InvalidInputError(MAX_TOKENS, f"must be >= 0, got {max_tokens}")
         params.max_tokens = max_tokens
     temperature = _scalar(arrays, TEMPERATURE, "f")
     if temperature is not None:
         if not 0.0 <= temperature < float("inf"):
-            raise InvalidRequestError(TEMPERATURE, f"must be >= 0, got {temperature}")
+            raise InvalidInputError(TEMPERATURE, f"must be >= 0, got {temperature}")
         params.temperature = temperature
     top_p = _scalar(arrays, TOP_P, "f")
     if top_p is not None:
         if not 0.0 < top_p <= 1.0:
-            raise InvalidRequestError(TOP_P, f"must be in (0, 1], got {top_p}")
+            raise InvalidInputError(TOP_P, f"must be in (0, 1], got {top_p}")
         params.top_p = top_p
     top_k = _scalar(arrays, TOP_K, "iu")
     if top_k is not None:
         if top_k < -1:
-            raise InvalidRequestError(TOP_K, f"must be >= 0 (or -1 for off), got {top_k}")
+            raise InvalidInputError(TOP_K, f"must be >= 0 (or -1 for off), got {top_k}")
         params.top_k = max(top_k, 0)
     params.seed = _scalar(arrays, SEED, "iu")
     params.stop = [s for s in _strings(arrays, STOP) if s]
@@ -157,7 +157,7 @@ def parse_request(
 def _top_k_count(arrays: Mapping[str, np.ndarray], name: str, limits: EngineLimits) -> int | None:
     count = _scalar(arrays, name, "iu")
     if count is not None and not 0 <= count <= limits.max_logprobs:
-        raise InvalidRequestError(name, f"must be in [0, {limits.max_logprobs}], got {count}")
+        raise InvalidInputError(name, f"must be in [0, {limits.max_logprobs}], got {count}")
     return count
 
 
@@ -166,9 +166,9 @@ def _explicit_ids(arrays: Mapping[str, np.ndarray], name: str, limits: EngineLim
     if ids is None:
         return []
     if not ids:
-        raise InvalidRequestError(name, "must not be empty")
+        raise InvalidInputError(name, "must not be empty")
     if len(ids) > limits.max_logprob_token_ids:
-        raise InvalidRequestError(
+        raise InvalidInputError(
             name, f"{len(ids)} ids requested, at most {limits.max_logprob_token_ids} are allowed"
         )
     _check_ids(name, ids, limits.vocab_size)
@@ -178,7 +178,7 @@ def _explicit_ids(arrays: Mapping[str, np.ndarray], name: str, limits: EngineLim
 def _bounded(arrays: Mapping[str, np.ndarray], name: str, low: float, high: float) -> float | None:
     value = _scalar(arrays, name, "f")
     if value is not None and not low <= value <= high:
-        raise InvalidRequestError(name, f"must be in [{low:g}, {high:g}], got {value:g}")
+        raise InvalidInputError(name, f"must be in [{low:g}, {high:g}], got {value:g}")
     return value
 
 
@@ -191,29 +191,29 @@ def _parse_logits_processing(
     repetition = _scalar(arrays, REPETITION_PENALTY, "f")
     if repetition is not None:
         if not 0.0 < repetition < float("inf"):
-            raise InvalidRequestError(REPETITION_PENALTY, f"must be > 0, got {repetition:g}")
+            raise InvalidInputError(REPETITION_PENALTY, f"must be > 0, got {repetition:g}")
         params.repetition_penalty = repetition
     bias_ids = _int_list(arrays, LOGIT_BIAS_IDS) or []
     bias_values = arrays.get(LOGIT_BIAS_VALUES)
     bias_values = [] if bias_values is None else np.asarray(bias_values).reshape(-1).tolist()
     if len(bias_ids) != len(bias_values):
-        raise InvalidRequestError(
+        raise InvalidInputError(
             LOGIT_BIAS_VALUES, f"has {len(bias_values)} values for {len(bias_ids)} ids"
         )
     _check_ids(LOGIT_BIAS_IDS, bias_ids, limits.vocab_size)
     if any(not -100.0 <= v <= 100.0 for v in bias_values):
-        raise InvalidRequestError(LOGIT_BIAS_VALUES, "each bias must be in [-100, 100]")
+        raise InvalidInputError(LOGIT_BIAS_VALUES, "each bias must be in [-100, 100]")
     params.logit_bias = dict(zip(bias_ids, bias_values, strict=True))
     allowed = _int_list(arrays, ALLOWED_TOKEN_IDS)
     if allowed is not None:
         if not allowed:
-            raise InvalidRequestError(ALLOWED_TOKEN_IDS, "must not be empty")
+            raise InvalidInputError(ALLOWED_TOKEN_IDS, "must not be empty")
         _check_ids(ALLOWED_TOKEN_IDS, allowed, limits.vocab_size)
         params.allowed_token_ids = allowed
     min_tokens = _scalar(arrays, MIN_TOKENS, "iu")
     if min_tokens is not None:
         if not 0 <= min_tokens <= params.max_tokens:
-            raise InvalidRequestError(
+            raise InvalidInputError(
                 MIN_TOKENS, f"must be in [0, MAX_TOKENS={params.max_tokens}], got {min_tokens}"
             )
         params.min_tokens = min_tokens

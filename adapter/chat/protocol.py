@@ -19,7 +19,7 @@ from adapter.protocol import (
     check_logprob_token_ids,
     check_min_tokens,
 )
-from adapter.tensors import GenerationParams
+from adapter.tensors import TritonRequest
 
 TEMPLATE_ROLES = frozenset({"system", "developer", "user", "assistant"})
 """Roles passed to the chat template; `tool` / `function` need tool support (later issue)."""
@@ -169,7 +169,7 @@ class ChatCompletionRequest(GenerationRequest):
         last = self.messages[-1]
         return last.to_template()["content"] if self.echo and last.role == "assistant" else ""
 
-    def to_generation_params(self, default_max_tokens: int | None) -> list[GenerationParams]:
+    def to_generation_params(self, default_max_tokens: int | None) -> list[TritonRequest]:
         """The model's inputs, one per choice: the user's value, else the server's default,
         else the model's.
 

@@ -22,7 +22,7 @@ from adapter.context import current_request_id
 from adapter.logprobs import LogprobsCollector, TokenLogprob
 from adapter.protocol import INT32_MAX, UsageInfo
 from adapter.serving import SAMPLING_TENSOR_PARAMS, OpenAIServing
-from adapter.tensors import GenerationParams, TritonOutput
+from adapter.tensors import TritonOutput, TritonRequest
 from backend import contract
 
 logger = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 class ChatLogprobsBuilder:
     """Formats `logprobs.content` of one request, response by response."""
 
-    def __init__(self, params: GenerationParams, *, as_token_ids: bool) -> None:
+    def __init__(self, params: TritonRequest, *, as_token_ids: bool) -> None:
         self._collector = LogprobsCollector(params.logprob_token_ids)
         self._as_token_ids = as_token_ids
         self._logprobs = params.logprobs is not None

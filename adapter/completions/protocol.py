@@ -20,7 +20,7 @@ from adapter.protocol import (
     check_token_ids,
     distinct,
 )
-from adapter.tensors import GenerationParams
+from adapter.tensors import TritonRequest
 
 DEFAULT_MAX_TOKENS = 16
 """OpenAI's default for completions."""
@@ -141,7 +141,7 @@ class CompletionRequest(GenerationRequest):
             return [self.prompt]  # type: ignore[list-item]
         return list(self.prompt)  # type: ignore[arg-type]
 
-    def to_generation_params(self) -> list[GenerationParams]:
+    def to_generation_params(self) -> list[TritonRequest]:
         """The model's inputs, one per choice in `index` order: the user's value, else
         OpenAI's default, else the model's."""
         sampling = self.sampling_params()

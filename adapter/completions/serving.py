@@ -21,7 +21,7 @@ from adapter.errors import EngineError
 from adapter.logprobs import LogprobsCollector, PositionLogprobs, TokenLogprob, token_text
 from adapter.protocol import UsageInfo
 from adapter.serving import SAMPLING_TENSOR_PARAMS, OpenAIServing
-from adapter.tensors import GenerationParams, TritonOutput
+from adapter.tensors import TritonOutput, TritonRequest
 from backend import contract
 
 logger = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class CompletionChoiceBuilder:
     token that only starts a multi-byte character gets that character's offset.
     """
 
-    def __init__(self, request: CompletionRequest, params: GenerationParams) -> None:
+    def __init__(self, request: CompletionRequest, params: TritonRequest) -> None:
         self._collector = LogprobsCollector(
             params.logprob_token_ids, params.prompt_logprob_token_ids
         )

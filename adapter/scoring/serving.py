@@ -15,7 +15,7 @@ from adapter.scoring.protocol import (
     GenerativeScoringResponse,
 )
 from adapter.serving import OpenAIServing, gather_all
-from adapter.tensors import GenerationParams
+from adapter.tensors import TritonRequest
 from backend import contract
 
 
@@ -62,7 +62,7 @@ class OpenAIServingGenerativeScoring(OpenAIServing):
         )
         scored = distinct(label_ids)
         choices = [
-            GenerationParams(
+            TritonRequest(
                 prompt_ids=tuple(item + query if request.item_first else query + item),
                 max_tokens=1,
                 temperature=0.0,
@@ -99,7 +99,7 @@ class OpenAIServingGenerativeScoring(OpenAIServing):
         """A text's ids from `preprocessing`; ids as they are."""
         if not isinstance(value, str):
             return value
-        params = GenerationParams(text=value, add_special_tokens=add_special_tokens)
+        params = TritonRequest(text=value, add_special_tokens=add_special_tokens)
         return await self.tokenize(params, request_id, {contract.TEXT_INPUT: parameter})
 
     async def _first_tokens(self, labels: Sequence[str], request_id: str) -> list[int]:

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from adapter.chat.protocol import ChatMessage
 from adapter.errors import InvalidRequestError
 from adapter.protocol import OpenAIBaseModel, check_token_ids
-from adapter.tensors import GenerationParams
+from adapter.tensors import TritonRequest
 
 
 class TokenizeRequest(OpenAIBaseModel):
@@ -59,9 +59,9 @@ class TokenizeRequest(OpenAIBaseModel):
         self.reject_unsupported()
         return self
 
-    def to_generation_params(self) -> GenerationParams:
+    def to_generation_params(self) -> TritonRequest:
         """The `preprocessing` inputs that generation would send for this prompt."""
-        return GenerationParams(
+        return TritonRequest(
             text=self.prompt,
             messages=None
             if self.messages is None

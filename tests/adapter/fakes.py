@@ -1,4 +1,4 @@
-"""A fake of the engine seam (`adapter.triton_client.Engine`) and Triton response arrays."""
+"""A fake of the engine seam (`adapter.engine_client.EngineClient`) and Triton response arrays."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from adapter.engine_client import ModelInfo
 from adapter.errors import EngineUnavailableError
-from adapter.tensors import GenerationParams, TritonOutput
-from adapter.triton_client import ModelInfo
+from adapter.tensors import TritonOutput, TritonRequest
 from backend import contract
 
 Token = tuple[int, bytes, float]
@@ -127,9 +127,9 @@ class FakeEngine:
     """
 
     script: Script = field(default_factory=list)
-    respond: Callable[[GenerationParams], Script] | None = None
+    respond: Callable[[TritonRequest], Script] | None = None
     tokens: dict[str, list[int]] = field(default_factory=dict)
-    tokenized: list[GenerationParams] = field(default_factory=list)
+    tokenized: list[TritonRequest] = field(default_factory=list)
     detokenized: list[tuple[int, ...]] = field(default_factory=list)
     bytes_error: Exception | None = None
     info: ModelInfo = field(
@@ -139,10 +139,10 @@ class FakeEngine:
     )
     ready: bool = True
     reachable: bool = True
-    requests: list[tuple[GenerationParams, str]] = field(default_factory=list)
+    requests: list[tuple[TritonRequest, str]] = field(default_factory=list)
     closed: int = 0
     finished: int = 0
-    entered: Callable[[GenerationParams, str], None] | None = None
+    entered: Callable[[TritonRequest, str], None] | None = None
 
     async def is_ready(self) -> bool:
         return self.ready
@@ -152,7 +152,7 @@ class FakeEngine:
             raise EngineUnavailableError("Triton is not reachable: connection refused")
         return self.info
 
-    async def tokenize(self, params: GenerationParams, request_id: str) -> list[int]:
+    async def tokenize(self, params: TritonRequest, request_id: str) -> list[int]:
         self.tokenized.append(params)
         text = params.text if params.text is not None else str(params.messages)
         return self.tokens.get(text, list(text.encode()))
@@ -164,7 +164,7 @@ class FakeEngine:
         return [byte_token(i) for i in ids]
 
     async def generate(
-        self, params: GenerationParams, request_id: str
+        self, params: TritonRequest, request_id: str
     ) -> AsyncGenerator[TritonOutput, None]:
         self.requests.append((params, request_id))
         if self.entered is not None:
@@ -186,7 +186,7 @@ class FakeEngine:
         pass
 
 
-def model_script(params: GenerationParams) -> Script:
+def model_script(params: TritonRequest) -> Script:
     """What a well-behaved model answers to any `params`: one final response shaped as the
     contract says (k natural alternatives, M requested columns, prompt rows when prompt
     logprobs are asked for), so that every valid request succeeds."""

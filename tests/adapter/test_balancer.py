@@ -11,8 +11,8 @@ from tritonclient.utils import InferenceServerException
 
 from adapter.balancer import Balancer, split_targets
 from adapter.errors import EngineUnavailableError
-from adapter.tensors import GenerationParams
-from adapter.triton_client import TritonEngine
+from adapter.tensors import TritonRequest
+from adapter.triton_client import TritonEngineClient
 from tests.adapter.test_triton_client import FakeCall, FakeClient, token
 
 
@@ -153,31 +153,31 @@ class DownClient(FakeClient):
         raise unavailable()
 
 
-def two_replicas(down: FakeClient, up: FakeClient) -> TritonEngine:
+def two_replicas(down: FakeClient, up: FakeClient) -> TritonEngineClient:
     clients: dict[str, Any] = {"10.0.0.1:1": down, "10.0.0.2:1": up}
     lb = Balancer(split_targets("10.0.0.1:1,10.0.0.2:1"), clients.__getitem__)
-    return TritonEngine("unused:1", balancer=lb)
+    return TritonEngineClient("unused:1", balancer=lb)
 
 
 async def test_a_request_fails_over_once_and_the_replica_is_marked_down() -> None:
     up = FakeClient(FakeCall([token(1, final=True)]))
     engine = two_replicas(DownClient(), up)
     try:
-        [out] = [o async for o in engine.generate(GenerationParams(text="hi"), "r")]
+        [out] = [o async for o in engine.generate(TritonRequest(text="hi"), "r")]
         assert out.final
         assert len(up.requests) == 1  # tokenized and generated on the replica that is up
         assert up.tokenized == [("preprocessing", ["TEXT_INPUT"])]
         assert not engine._balancer.is_up("10.0.0.1:1")
-        assert await engine.tokenize(GenerationParams(text="x"), "r2") == [1, 2, 3]
+        assert await engine.tokenize(TritonRequest(text="x"), "r2") == [1, 2, 3]
         assert await engine.is_ready()
     finally:
         await engine.close()
 
 
 async def test_no_retry_without_another_replica_or_for_other_errors() -> None:
-    engine = TritonEngine("unused:1", client=DownClient())  # type: ignore[arg-type]
+    engine = TritonEngineClient("unused:1", client=DownClient())  # type: ignore[arg-type]
     with pytest.raises(EngineUnavailableError):
-        _ = [o async for o in engine.generate(GenerationParams(text="hi"), "r")]
+        _ = [o async for o in engine.generate(TritonRequest(text="hi"), "r")]
     assert not await engine.is_ready()
     await engine.close()
 
@@ -186,6 +186,6 @@ async def test_no_retry_without_another_replica_or_for_other_errors() -> None:
     other = FakeClient(FakeCall([token(1, final=True)]))
     engine = two_replicas(busy, other)
     with pytest.raises(EngineUnavailableError, match="server busy"):
-        _ = [o async for o in engine.generate(GenerationParams(prompt_ids=(1,)), "r")]
+        _ = [o async for o in engine.generate(TritonRequest(prompt_ids=(1,)), "r")]
     assert other.requests == [] and engine._balancer.is_up("10.0.0.1:1")
     await engine.close()

@@ -19,12 +19,11 @@ from tritonclient.utils import deserialize_bytes_tensor, triton_to_np_dtype
 from adapter.completions.protocol import CompletionRequest
 from adapter.completions.serving import CompletionChoiceBuilder
 from adapter.logprobs import LogprobsCollector
-from adapter.tensors import GenerationParams, TritonOutput, llm_inputs, to_infer_inputs
+from adapter.tensors import TritonOutput, TritonRequest, llm_inputs, to_infer_inputs
 from backend import contract
 from backend import triton_io as io
 from backend.outputs import PromptLogprobs, StepOutput, merge_outputs
-from backend.params import EngineLimits
-from backend.params import GenerationParams as EngineParams
+from backend.params import EngineLimits, GenerationParams
 
 VOCAB = 1024
 LIMITS = EngineLimits(vocab_size=VOCAB, max_model_len=4096, max_logprobs=20)
@@ -39,10 +38,10 @@ logprob = st.floats(max_value=0, width=32, allow_nan=False) | st.just(-math.inf)
 
 
 @st.composite
-def generation_params(draw: st.DrawFn) -> tuple[GenerationParams, list[int]]:
+def generation_params(draw: st.DrawFn) -> tuple[TritonRequest, list[int]]:
     max_tokens = draw(optional(st.integers(0, 64)))
     bias_ids = draw(distinct_ids)
-    params = GenerationParams(
+    params = TritonRequest(
         max_tokens=max_tokens,
         temperature=draw(optional(st.floats(0, 2, width=32))),
         top_p=draw(optional(st.floats(0, 1, width=32, exclude_min=True))),
@@ -89,7 +88,7 @@ def f32_value(value: float | None, default: float) -> float:
 def test_the_engine_parses_what_the_adapter_sends(drawn) -> None:
     params, prompt = drawn
     parsed = io.parse_request(over_the_wire(llm_inputs(params, prompt)), LIMITS, "r")
-    defaults = EngineParams(prompt_ids=prompt)
+    defaults = GenerationParams(prompt_ids=prompt)
     assert parsed.prompt_ids == prompt
     assert parsed.max_tokens == (
         defaults.max_tokens if params.max_tokens is None else params.max_tokens
@@ -115,7 +114,7 @@ def test_the_engine_parses_what_the_adapter_sends(drawn) -> None:
 
 
 @st.composite
-def step_outputs(draw: st.DrawFn) -> tuple[StepOutput, EngineParams]:
+def step_outputs(draw: st.DrawFn) -> tuple[StepOutput, GenerationParams]:
     """One engine response and the params it answers (k natural, M explicit columns); with
     explicit ids the adapter always sends LOGPROBS too (0 when no natural top-k)."""
     n = draw(st.integers(0, 3))
@@ -163,7 +162,7 @@ def step_outputs(draw: st.DrawFn) -> tuple[StepOutput, EngineParams]:
         completion_tokens=draw(st.integers(0, 4096)),
         prompt=prompt,
     )
-    params = EngineParams(
+    params = GenerationParams(
         prompt_ids=[1],
         logprobs=k,
         logprob_token_ids=explicit,
@@ -250,7 +249,7 @@ def test_the_adapter_reads_what_the_engine_sends(drawn) -> None:
 
 
 @st.composite
-def token_steps(draw: st.DrawFn) -> tuple[list[StepOutput], EngineParams]:
+def token_steps(draw: st.DrawFn) -> tuple[list[StepOutput], GenerationParams]:
     """The one-token outputs of a request, as the engine makes them step by step."""
     explicit = list(draw(distinct_ids))
     m, k, n = len(explicit), draw(st.integers(0, 3)), draw(st.integers(1, 5))
@@ -276,7 +275,7 @@ def token_steps(draw: st.DrawFn) -> tuple[list[StepOutput], EngineParams]:
         )
         for i in range(n)
     ]
-    return steps, EngineParams(prompt_ids=[1], logprobs=k, logprob_token_ids=explicit)
+    return steps, GenerationParams(prompt_ids=[1], logprobs=k, logprob_token_ids=explicit)
 
 
 @PROPERTIES

@@ -8,14 +8,14 @@ import pytest
 from fastapi.testclient import TestClient
 
 from adapter.scoring.serving import label_probabilities
-from adapter.tensors import GenerationParams
+from adapter.tensors import TritonRequest
 from tests.adapter.fakes import FakeEngine, Script, output
 
 URL = "/generative_scoring"
 LOGPROBS = {(5, 6, 7): [-0.5, -1.5], (5, 6, 8, 9): [-3.0, -9999.0]}  # per prompt, ids 20, 30
 
 
-def scored(params: GenerationParams) -> Script:
+def scored(params: TritonRequest) -> Script:
     """One generated token with the label ids' logprobs for the prompt."""
     row = LOGPROBS[params.prompt_ids or ()]
     ids = params.logprob_token_ids

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from adapter.tensors import (
-    GenerationParams,
     TritonOutput,
+    TritonRequest,
     llm_inputs,
     preprocessing_inputs,
     to_infer_inputs,
@@ -20,7 +20,7 @@ from tests.backend.triton_config import config_tensors
 
 
 def test_llm_inputs_with_every_option() -> None:
-    params = GenerationParams(
+    params = TritonRequest(
         text="ignored here",
         max_tokens=7,
         temperature=0.5,
@@ -73,19 +73,19 @@ def test_llm_inputs_with_every_option() -> None:
 
 
 def test_defaults_are_left_to_the_model() -> None:
-    assert llm_inputs(GenerationParams(prompt_ids=(1, 2)), (1, 2)).keys() == {contract.INPUT_IDS}
-    arrays = llm_inputs(GenerationParams(prompt_ids=(1,), logprobs=0), (1,))
+    assert llm_inputs(TritonRequest(prompt_ids=(1, 2)), (1, 2)).keys() == {contract.INPUT_IDS}
+    arrays = llm_inputs(TritonRequest(prompt_ids=(1,), logprobs=0), (1,))
     assert arrays[contract.LOGPROBS].tolist() == [0]  # 0 still asks for the sampled token's logprob
 
 
 def test_preprocessing_inputs_for_text_and_messages() -> None:
-    text = preprocessing_inputs(GenerationParams(text="Grüße", add_special_tokens=False))
+    text = preprocessing_inputs(TritonRequest(text="Grüße", add_special_tokens=False))
     assert text[contract.TEXT_INPUT].tolist() == ["Grüße".encode()]
     assert text[contract.ADD_SPECIAL_TOKENS].dtype == np.bool_
     assert text[contract.ADD_SPECIAL_TOKENS].tolist() == [False]
 
     messages = ({"role": "user", "content": "¿Qué?"},)
-    chat = preprocessing_inputs(GenerationParams(messages=messages))
+    chat = preprocessing_inputs(TritonRequest(messages=messages))
     assert chat.keys() == {contract.MESSAGES}
     assert chat[contract.MESSAGES].shape == (1,)
     assert json.loads(chat[contract.MESSAGES][0].decode()) == [{"role": "user", "content": "¿Qué?"}]
@@ -94,18 +94,18 @@ def test_preprocessing_inputs_for_text_and_messages() -> None:
 @pytest.mark.parametrize(
     "params",
     [
-        GenerationParams(prompt_ids=(1,)),
-        GenerationParams(text="a", messages=({"role": "user", "content": "b"},)),
+        TritonRequest(prompt_ids=(1,)),
+        TritonRequest(text="a", messages=({"role": "user", "content": "b"},)),
     ],
 )
-def test_preprocessing_needs_exactly_one_text_prompt(params: GenerationParams) -> None:
+def test_preprocessing_needs_exactly_one_text_prompt(params: TritonRequest) -> None:
     with pytest.raises(ValueError, match="exactly one"):
         preprocessing_inputs(params)
 
 
 def test_infer_inputs_carry_triton_dtypes() -> None:
-    params = GenerationParams(seed=1, temperature=0.0, ignore_eos=False, logprob_token_ids=(4,))
-    arrays = {**preprocessing_inputs(GenerationParams(text="x")), **llm_inputs(params, (1,))}
+    params = TritonRequest(seed=1, temperature=0.0, ignore_eos=False, logprob_token_ids=(4,))
+    arrays = {**preprocessing_inputs(TritonRequest(text="x")), **llm_inputs(params, (1,))}
     inputs = {i.name(): i for i in to_infer_inputs(arrays)}
     assert {name: i.datatype() for name, i in inputs.items()} == {
         contract.TEXT_INPUT: "BYTES",
@@ -186,7 +186,7 @@ def test_output_not_final_and_empty() -> None:
 def test_a_request_asks_only_for_the_outputs_it_reads(
     fields: dict[str, object], groups: tuple[str, ...]
 ) -> None:
-    names = GenerationParams(prompt_ids=(1,), **fields).output_names  # type: ignore[arg-type]
+    names = TritonRequest(prompt_ids=(1,), **fields).output_names  # type: ignore[arg-type]
     expected = set(contract.ALWAYS_OUTPUTS)
     expected |= set(contract.LOGPROB_OUTPUTS) if "logprobs" in groups else set()
     expected |= set(contract.PROMPT_OUTPUTS) if "prompt" in groups else set()

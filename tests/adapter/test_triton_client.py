@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
+from adapter.engine_client import ModelInfo
 from adapter.errors import EngineError, EngineUnavailableError, TritonInputError
-from adapter.tensors import GenerationParams
-from adapter.triton_client import ModelInfo, TritonEngine, error_from_triton
+from adapter.tensors import TritonRequest
+from adapter.triton_client import TritonEngineClient, error_from_triton
 from backend import contract
 from tests.adapter.fakes import response_arrays
 
@@ -104,7 +105,7 @@ def token(i: int, final: bool = False) -> tuple[FakeResult, None]:
     return FakeResult(arrays, final), None
 
 
-_ENGINES: list[TritonEngine] = []
+_ENGINES: list[TritonEngineClient] = []
 
 
 @pytest.fixture(autouse=True)
@@ -115,9 +116,9 @@ async def _close_engines() -> AsyncIterator[None]:
         await _ENGINES.pop().close()
 
 
-def engine_with(call: FakeCall, **kwargs: Any) -> tuple[TritonEngine, FakeClient]:
+def engine_with(call: FakeCall, **kwargs: Any) -> tuple[TritonEngineClient, FakeClient]:
     client = FakeClient(call, **kwargs)
-    engine = TritonEngine("unused:1", client=client)  # type: ignore[arg-type]
+    engine = TritonEngineClient("unused:1", client=client)  # type: ignore[arg-type]
     _ENGINES.append(engine)
     return engine, client
 
@@ -125,7 +126,7 @@ def engine_with(call: FakeCall, **kwargs: Any) -> tuple[TritonEngine, FakeClient
 async def test_stream_ends_at_the_final_response() -> None:
     call = FakeCall([token(1), token(2, final=True)])
     engine, client = engine_with(call)
-    outputs = [o async for o in engine.generate(GenerationParams(text="hi"), "req-1")]
+    outputs = [o async for o in engine.generate(TritonRequest(text="hi"), "req-1")]
     assert [(o.output_ids, o.final, o.finish_reason) for o in outputs] == [
         ([1], False, None),
         ([2], True, "length"),
@@ -143,7 +144,7 @@ async def test_stream_ends_at_the_final_response() -> None:
 
 async def test_token_prompts_skip_preprocessing() -> None:
     engine, client = engine_with(FakeCall([token(1, final=True)]))
-    params = GenerationParams(prompt_ids=(3, 4), max_tokens=1)
+    params = TritonRequest(prompt_ids=(3, 4), max_tokens=1)
     [out] = [o async for o in engine.generate(params, "r")]
     assert out.final
     assert client.tokenized == []
@@ -160,21 +161,21 @@ async def test_preprocessing_errors_are_classified() -> None:
     engine, client = engine_with(FakeCall([]), prompt_ids=rejected)
     messages = ({"role": "user", "content": "x"},)
     with pytest.raises(TritonInputError) as info:
-        _ = [o async for o in engine.generate(GenerationParams(messages=messages), "r")]
+        _ = [o async for o in engine.generate(TritonRequest(messages=messages), "r")]
     assert info.value.tensor == contract.MESSAGES
     assert client.requests == []
 
     down = InferenceServerException("failed to connect", status="StatusCode.UNAVAILABLE")
     engine, _ = engine_with(FakeCall([]), prompt_ids=down)
     with pytest.raises(EngineUnavailableError):
-        _ = [o async for o in engine.generate(GenerationParams(text="x"), "r")]
+        _ = [o async for o in engine.generate(TritonRequest(text="x"), "r")]
 
 
 async def test_closing_early_cancels_the_triton_request() -> None:
     gate = asyncio.Event()  # never set: the second response never comes
     call = FakeCall([token(1), token(2, final=True)], gate=gate)
     engine, _ = engine_with(call)
-    async with aclosing(engine.generate(GenerationParams(text="hi"), "r")) as stream:
+    async with aclosing(engine.generate(TritonRequest(text="hi"), "r")) as stream:
         first = await anext(stream)
         assert first.output_ids == [1]
     assert call.cancelled
@@ -187,7 +188,7 @@ async def test_task_cancellation_cancels_the_triton_request() -> None:
     seen: list[int] = []
 
     async def consume() -> None:
-        async for out in engine.generate(GenerationParams(text="hi"), "r"):
+        async for out in engine.generate(TritonRequest(text="hi"), "r"):
             seen.extend(out.output_ids)
 
     task = asyncio.ensure_future(consume())
@@ -203,7 +204,7 @@ async def test_stream_error_is_classified() -> None:
     error = SimpleNamespace(message=lambda: "LOGPROB_TOKEN_IDS: id 70000 is outside the vocabulary")
     engine, _ = engine_with(FakeCall([(None, error)]))
     with pytest.raises(TritonInputError) as info:
-        _ = [o async for o in engine.generate(GenerationParams(text="hi"), "r")]
+        _ = [o async for o in engine.generate(TritonRequest(text="hi"), "r")]
     assert (info.value.tensor, info.value.detail) == (
         contract.LOGPROB_TOKEN_IDS,
         "id 70000 is outside the vocabulary",
@@ -213,14 +214,14 @@ async def test_stream_error_is_classified() -> None:
 async def test_stream_without_final_is_an_engine_error() -> None:
     engine, _ = engine_with(FakeCall([token(1)]))
     with pytest.raises(EngineError, match="before the final response"):
-        _ = [o async for o in engine.generate(GenerationParams(text="hi"), "r")]
+        _ = [o async for o in engine.generate(TritonRequest(text="hi"), "r")]
 
 
 async def test_final_response_needs_a_reason() -> None:
     result = FakeResult(response_arrays([(1, b"t", -0.5)]), final=True)
     engine, _ = engine_with(FakeCall([(result, None)]))
     with pytest.raises(EngineError, match="without a reason"):
-        _ = [o async for o in engine.generate(GenerationParams(text="hi"), "r")]
+        _ = [o async for o in engine.generate(TritonRequest(text="hi"), "r")]
 
 
 @pytest.mark.parametrize(

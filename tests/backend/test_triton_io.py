@@ -10,7 +10,7 @@ import pytest
 from backend import contract
 from backend import triton_io as io
 from backend.outputs import PromptLogprobs, StepOutput
-from backend.params import EngineLimits, GenerationParams, InvalidRequestError
+from backend.params import EngineLimits, GenerationParams, InvalidInputError
 from tests.backend.triton_config import config_tensors
 
 LIMITS = EngineLimits(vocab_size=1024, max_model_len=64, max_logprobs=20, max_logprob_token_ids=8)
@@ -311,7 +311,7 @@ def test_invalid_input_names_its_parameter(
     arrays: dict[str, np.ndarray | None], parameter: str, message: str
 ) -> None:
     given = {contract.INPUT_IDS: PROMPT, **arrays}
-    with pytest.raises(InvalidRequestError) as info:
+    with pytest.raises(InvalidInputError) as info:
         io.parse_request({k: v for k, v in given.items() if v is not None}, LIMITS)
     assert info.value.parameter == parameter
     assert str(info.value).startswith(f"{parameter}: ")

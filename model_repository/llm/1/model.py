@@ -18,7 +18,7 @@ from backend.config import RESTARTS_ENV, LLMConfig
 from backend.engine import Engine, EngineStats
 from backend.model_runner import ModelRunner
 from backend.outputs import BUSY, CANCELLED, StepOutput
-from backend.params import GenerationParams, InvalidRequestError
+from backend.params import GenerationParams, InvalidInputError
 from backend.response_writer import ResponseWriter
 from backend.triton_io import output_arrays, parse_request
 
@@ -178,7 +178,7 @@ class TritonPythonModel:
             arrays = {t.name(): t.as_numpy() for t in request.inputs()}
             try:
                 params = parse_request(arrays, self.engine.limits, request.request_id())
-            except InvalidRequestError as exc:
+            except InvalidInputError as exc:
                 error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
                 request.get_response_sender().send(
                     pb_utils.InferenceResponse(error=error), flags=FINAL

@@ -13,7 +13,7 @@ from backend.contract import (
     TEXT_INPUT,
     TOKEN_BYTES,
 )
-from backend.params import InvalidRequestError
+from backend.params import InvalidInputError
 from backend.preprocessing import Preprocessor
 
 
@@ -40,7 +40,7 @@ class TritonPythonModel:
                     None if add_special is None else bool(add_special.reshape(-1)[0]),
                     _input(request, INPUT_IDS),
                 )
-            except InvalidRequestError as exc:
+            except InvalidInputError as exc:
                 error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
                 responses.append(pb_utils.InferenceResponse(error=error))
                 continue

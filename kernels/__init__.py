@@ -6,7 +6,7 @@ import torch
 
 from kernels.common import LogprobOutput
 from kernels.logprobs import INTERPRET, gather_logprobs_triton
-from kernels.reference import gather_logprobs_torch
+from kernels.torch_path import gather_logprobs_torch
 
 __all__ = ["LogprobOutput", "gather_logprobs"]
 
@@ -30,7 +30,7 @@ def gather_logprobs(
     Any id outside [0, V) gets -inf. CUDA tensors run the Triton kernels without a host
     synchronisation; CPU tensors run the torch path, or the Triton kernels when
     TRITON_INTERPRET=1 was set before `kernels` was imported (how CI tests the kernels).
-    `kernels.logprobs.gather_logprobs_triton` and `kernels.reference.gather_logprobs_torch`
+    `kernels.logprobs.gather_logprobs_triton` and `kernels.torch_path.gather_logprobs_torch`
     force one path.
     """
     run = gather_logprobs_triton if logits.is_cuda or INTERPRET else gather_logprobs_torch

@@ -22,7 +22,8 @@ import kernels
 from kernels import LogprobOutput
 from kernels.common import MAX_TOP_K
 from kernels.logprobs import INTERPRET, gather_logprobs_triton
-from kernels.reference import gather_logprobs_torch, reference_logprobs
+from kernels.torch_path import gather_logprobs_torch
+from tests.kernels.reference import reference_logprobs
 
 TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu" if INTERPRET else None
 BACKENDS = [

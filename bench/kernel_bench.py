@@ -1,6 +1,6 @@
 """Benchmark `gather_logprobs` against the naive log_softmax + gather + topk, side by side.
 
-    python -m kernels.bench            # CUDA if present (Triton kernels), else CPU (torch path)
+    python -m bench.kernel_bench   # CUDA if present (Triton kernels), else CPU (torch path)
 
 It first checks both against the float64 reference, then prints, per shape, the median time,
 the bandwidth against the B * V logits bytes (the floor: every logit read once), the naive
@@ -19,7 +19,7 @@ import torch
 
 from kernels import gather_logprobs
 from kernels.logprobs import INTERPRET
-from kernels.reference import reference_logprobs
+from tests.kernels.reference import reference_logprobs
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

@@ -14,7 +14,7 @@ import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -79,6 +79,15 @@ class _Sequence:
     @property
     def total_len(self) -> int:
         return len(self.params.prompt_ids) + self.generated
+
+
+class _RowLogprobs(NamedTuple):
+    """One sequence's logprobs at one step: [1], [1, k], [1, k], [1, M]."""
+
+    sampled: np.ndarray
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+    token_logprobs: np.ndarray
 
 
 class Engine:
@@ -321,61 +330,83 @@ class Engine:
     def _advance(
         self, seq: _Sequence, row: int, token: int, gathered: dict[str, np.ndarray] | None
     ) -> None:
+        """One sampled token: the stop rules, its text, its logprobs, then the output."""
         seq.generated += 1
         seq.last_token = token
         seq.sampling.observe(token)
         self.stats.generated_tokens += 1
-        params = seq.params
-        reason = token_stop_reason(
+        text, reason = self._new_text(seq, token, self._token_stop_reason(seq, token))
+        output = self._step_output(seq, token, text, reason, self._row_logprobs(seq, row, gathered))
+        if reason is None:
+            seq.sink.send(output)
+        else:
+            self._finish(seq, output)
+
+    def _token_stop_reason(self, seq: _Sequence, token: int) -> str | None:
+        return token_stop_reason(
             token,
             generated=seq.generated,
             total_len=seq.total_len,
-            max_tokens=params.max_tokens,
+            max_tokens=seq.params.max_tokens,
             max_model_len=self.limits.max_model_len,
             stop_ids=seq.stop_ids,
         )
+
+    @staticmethod
+    def _new_text(seq: _Sequence, token: int, reason: str | None) -> tuple[str, str | None]:
+        """The text `token` completes, cut at a stop string (which makes the reason `stop`)."""
         # A stop token's own text is returned only with include_stop_str_in_output (vLLM); its
         # id and logprobs always are.
-        hidden = token in seq.stop_ids and not params.include_stop_str_in_output
+        hidden = token in seq.stop_ids and not seq.params.include_stop_str_in_output
         piece = "" if hidden else seq.detokenizer.push(token)
         if reason is not None:
             piece += seq.detokenizer.flush()
         text, hit_stop_string = seq.stop_matcher.push(piece)
         if hit_stop_string:
-            reason = STOP
-        elif reason is not None:
+            return text, STOP
+        if reason is not None:
             text += seq.stop_matcher.flush()
+        return text, reason
 
-        k = params.logprobs or 0
-        m = len(params.logprob_token_ids)
-        if gathered is not None and params.wants_logprobs:
-            top_ids = gathered["top_ids"][row, :k].reshape(1, k)
-            top_logprobs = gathered["top_logprobs"][row, :k].reshape(1, k)
-            start, end = gathered["offsets"][row], gathered["offsets"][row + 1]
-            id_logprobs = gathered["token_logprobs"][start:end].reshape(1, m)
-            logprobs = gathered["sampled"][row : row + 1]
-        else:
-            top_ids, top_logprobs = np.zeros((1, 0), np.int32), np.zeros((1, 0), np.float32)
-            id_logprobs, logprobs = np.zeros((1, 0), np.float32), np.zeros(1, np.float32)
-        output = StepOutput(
+    @staticmethod
+    def _row_logprobs(
+        seq: _Sequence, row: int, gathered: dict[str, np.ndarray] | None
+    ) -> _RowLogprobs:
+        """This row's slice of the batch's gathered logprobs, or empty ones if none were asked."""
+        k, m = seq.params.logprobs or 0, len(seq.params.logprob_token_ids)
+        if gathered is None or not seq.params.wants_logprobs:
+            return _RowLogprobs(
+                np.zeros(1, np.float32),
+                np.zeros((1, 0), np.int32),
+                np.zeros((1, 0), np.float32),
+                np.zeros((1, 0), np.float32),
+            )
+        start, end = gathered["offsets"][row], gathered["offsets"][row + 1]
+        return _RowLogprobs(
+            sampled=gathered["sampled"][row : row + 1],
+            top_ids=gathered["top_ids"][row, :k].reshape(1, k),
+            top_logprobs=gathered["top_logprobs"][row, :k].reshape(1, k),
+            token_logprobs=gathered["token_logprobs"][start:end].reshape(1, m),
+        )
+
+    def _step_output(
+        self, seq: _Sequence, token: int, text: str, reason: str | None, row: _RowLogprobs
+    ) -> StepOutput:
+        return StepOutput(
             token_ids=[token],
             text=text,
             token_bytes=[self.token_bytes[token]],
-            logprobs=logprobs,
-            top_ids=top_ids,
-            top_logprobs=top_logprobs,
-            top_bytes=[self.token_bytes[i] for i in top_ids.reshape(-1).tolist()],
-            token_id_logprobs=id_logprobs,
+            logprobs=row.sampled,
+            top_ids=row.top_ids,
+            top_logprobs=row.top_logprobs,
+            top_bytes=[self.token_bytes[i] for i in row.top_ids.reshape(-1).tolist()],
+            token_id_logprobs=row.token_logprobs,
             token_id_bytes=self._first_response_id_bytes(seq),
             finish_reason=reason,
-            prompt_tokens=len(params.prompt_ids),
+            prompt_tokens=len(seq.params.prompt_ids),
             completion_tokens=seq.generated,
             prompt=self._first_response_prompt(seq),
         )
-        if reason is None:
-            seq.sink.send(output)
-        else:
-            self._finish(seq, output)
 
     def _first_response_id_bytes(self, seq: _Sequence) -> list[bytes]:
         if seq.sent_first:

@@ -24,14 +24,7 @@ from backend import default_model
 from backend.repository import write_repository
 from backend.tritonserver import TritonServer
 from bench.loadgen import TritonTarget, make_workload, run_load
-
-
-def stub_pid(server_pid: int) -> int:
-    """The python_backend stub of `llm` among tritonserver's children."""
-    for child in psutil.Process(server_pid).children(recursive=True):
-        if "llm" in " ".join(child.cmdline()):
-            return child.pid
-    raise RuntimeError("no `llm` stub process under tritonserver")
+from bench.run import explicit_ids
 
 
 def summarise(raw: Path, top: int) -> str:
@@ -59,24 +52,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seconds", type=int, default=20, help="how long py-spy samples")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--native", action="store_true", help="C/C++ frames too (py-spy)")
+    parser.add_argument(
+        "--explicit-ids", type=int, default=0, help="LOGPROB_TOKEN_IDS per request (0 = none)"
+    )
     args = parser.parse_args(argv)
     from transformers import AutoTokenizer
 
     model = default_model.ensure().resolve()
-    specs = make_workload(AutoTokenizer.from_pretrained(model), 8 * args.concurrency)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    specs = make_workload(tokenizer, 8 * args.concurrency)
     with tempfile.TemporaryDirectory(prefix="profile-") as tmp:
         repository = write_repository(
             Path(tmp) / "model_repository", model, {"max_num_seqs": str(args.concurrency)}
         )
         server = TritonServer(repository, 0, 0, 0, log_path=Path(tmp) / "tritonserver.log")
         with server:
-            assert server._process is not None
-            pid = stub_pid(server._process.pid)
+            assert server.pid is not None
+            pid = next(stub.process.pid for stub in server.stubs if stub.model == "llm")
+            ids = explicit_ids(len(tokenizer), args.explicit_ids) if args.explicit_ids else ()
             stop = threading.Event()
 
             def load() -> None:
                 async def loop() -> None:
-                    target = TritonTarget(server.grpc_url)
+                    target = TritonTarget(server.grpc_url, logprob_token_ids=ids)
                     while not stop.is_set():
                         await run_load(target, specs, args.concurrency)
                     await target.aclose()
@@ -88,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             raw = Path(tmp) / "llm.txt"
             processes = {
                 "llm stub": psutil.Process(pid),
-                "tritonserver": psutil.Process(server._process.pid),
+                "tritonserver": psutil.Process(server.pid),
                 "load generator": psutil.Process(),
             }
             for process in processes.values():
@@ -100,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                         "record",
                         *("--pid", str(pid), "--duration", str(args.seconds)),
                         *("--gil", "--threads", "--format", "raw", "--output", str(raw)),
+                        *(["--native"] if args.native else []),
                     ],
                     check=True,
                     capture_output=True,

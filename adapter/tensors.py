@@ -68,12 +68,11 @@ class TritonRequest:
     def output_names(self) -> tuple[str, ...]:
         """The `llm` outputs this request reads: the model builds only those, and a response
         without logprobs carries five small tensors rather than every one."""
-        names = contract.ALWAYS_OUTPUTS
-        if self.logprobs is not None or self.logprob_token_ids:
-            names += contract.LOGPROB_OUTPUTS
-        if self.prompt_logprobs is not None or self.prompt_logprob_token_ids:
-            names += contract.PROMPT_OUTPUTS
-        return names
+        return contract.requested_outputs(
+            logprobs=self.logprobs,
+            token_ids=bool(self.logprob_token_ids),
+            prompt_logprobs=self.prompt_logprobs is not None or bool(self.prompt_logprob_token_ids),
+        )
 
 
 def _scalar(value: float | bool, dtype: type[np.generic]) -> np.ndarray:

@@ -116,15 +116,9 @@ GENERATION_INPUTS = (
 """The optional inputs of `llm` (and `ensemble`, which forwards them)."""
 # Output groups, so that a client asks only for what it reads (`requested_output_names`).
 ALWAYS_OUTPUTS = (OUTPUT_IDS, TEXT_OUTPUT, FINISH_REASON, PROMPT_TOKENS, COMPLETION_TOKENS)
-LOGPROB_OUTPUTS = (
-    OUTPUT_LOGPROBS,
-    OUTPUT_TOKEN_BYTES,
-    TOP_LOGPROB_IDS,
-    TOP_LOGPROBS,
-    TOP_LOGPROB_TOKEN_BYTES,
-    LOGPROB_TOKEN_LOGPROBS,
-    LOGPROB_TOKEN_BYTES,
-)
+SAMPLED_LOGPROB_OUTPUTS = (OUTPUT_LOGPROBS, OUTPUT_TOKEN_BYTES)
+TOP_LOGPROB_OUTPUTS = (TOP_LOGPROB_IDS, TOP_LOGPROBS, TOP_LOGPROB_TOKEN_BYTES)
+TOKEN_ID_LOGPROB_OUTPUTS = (LOGPROB_TOKEN_LOGPROBS, LOGPROB_TOKEN_BYTES)
 PROMPT_OUTPUTS = (
     PROMPT_IDS,
     PROMPT_TOKEN_BYTES,
@@ -135,7 +129,32 @@ PROMPT_OUTPUTS = (
     PROMPT_LOGPROB_TOKEN_LOGPROBS,
     PROMPT_LOGPROB_TOKEN_BYTES,
 )
-LLM_OUTPUTS = (*ALWAYS_OUTPUTS, *LOGPROB_OUTPUTS, *PROMPT_OUTPUTS)
+LLM_OUTPUTS = (
+    *ALWAYS_OUTPUTS,
+    *SAMPLED_LOGPROB_OUTPUTS,
+    *TOP_LOGPROB_OUTPUTS,
+    *TOKEN_ID_LOGPROB_OUTPUTS,
+    *PROMPT_OUTPUTS,
+)
+
+
+def requested_outputs(
+    *, logprobs: int | None, token_ids: bool, prompt_logprobs: bool
+) -> tuple[str, ...]:
+    """The `llm` outputs a request with these inputs reads, so that the model builds and sends
+    nothing else: LOGPROBS (None = absent; 0 = the sampled token's logprob only) asks for the
+    sampled group, and for the natural top-k unless explicit ids take its place (a client that
+    sends LOGPROB_TOKEN_IDS sends LOGPROBS=0: its alternatives are the ids)."""
+    names = ALWAYS_OUTPUTS
+    if logprobs is not None or token_ids:
+        names += SAMPLED_LOGPROB_OUTPUTS
+    if token_ids:
+        names += TOKEN_ID_LOGPROB_OUTPUTS
+    elif logprobs is not None:
+        names += TOP_LOGPROB_OUTPUTS
+    if prompt_logprobs:
+        names += PROMPT_OUTPUTS
+    return names
 
 
 @dataclass(frozen=True)

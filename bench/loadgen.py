@@ -138,8 +138,10 @@ class TritonTarget:
         self._url = url
         self._explicit = np.array(logprob_token_ids, dtype=np.int32)
         # What the adapter asks for with and without logprobs: the model builds only these.
-        self._outputs = contract.ALWAYS_OUTPUTS + (
-            contract.LOGPROB_OUTPUTS if self._explicit.size else ()
+        self._outputs = contract.requested_outputs(
+            logprobs=0 if self._explicit.size else None,
+            token_ids=bool(self._explicit.size),
+            prompt_logprobs=False,
         )
         self._client: grpcclient_aio.InferenceServerClient | None = None
 

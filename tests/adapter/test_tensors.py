@@ -177,23 +177,27 @@ def test_output_not_final_and_empty() -> None:
     ("fields", "groups"),
     [
         ({}, ()),
-        ({"logprobs": 0}, ("logprobs",)),
-        ({"logprob_token_ids": (5,)}, ("logprobs",)),
+        ({"logprobs": 0}, ("sampled", "top")),
+        ({"logprobs": 0, "logprob_token_ids": (5,)}, ("sampled", "ids")),
+        ({"logprob_token_ids": (5,)}, ("sampled", "ids")),
         ({"prompt_logprobs": 1}, ("prompt",)),
-        ({"logprobs": 2, "prompt_logprob_token_ids": (4,)}, ("logprobs", "prompt")),
+        ({"logprobs": 2, "prompt_logprob_token_ids": (4,)}, ("sampled", "top", "prompt")),
     ],
 )
 def test_a_request_asks_only_for_the_outputs_it_reads(
     fields: dict[str, object], groups: tuple[str, ...]
 ) -> None:
     names = TritonRequest(prompt_ids=(1,), **fields).output_names  # type: ignore[arg-type]
-    expected = set(contract.ALWAYS_OUTPUTS)
-    expected |= set(contract.LOGPROB_OUTPUTS) if "logprobs" in groups else set()
-    expected |= set(contract.PROMPT_OUTPUTS) if "prompt" in groups else set()
+    outputs_of = {
+        "sampled": contract.SAMPLED_LOGPROB_OUTPUTS,
+        "top": contract.TOP_LOGPROB_OUTPUTS,
+        "ids": contract.TOKEN_ID_LOGPROB_OUTPUTS,
+        "prompt": contract.PROMPT_OUTPUTS,
+    }
+    expected = set(contract.ALWAYS_OUTPUTS).union(*(outputs_of[group] for group in groups))
     assert set(names) == expected
 
 
 def test_the_output_groups_cover_the_llm_outputs_once() -> None:
-    groups = contract.ALWAYS_OUTPUTS + contract.LOGPROB_OUTPUTS + contract.PROMPT_OUTPUTS
-    assert len(groups) == len(set(groups))
-    assert set(groups) == set(config_tensors("llm", "output"))
+    assert len(contract.LLM_OUTPUTS) == len(set(contract.LLM_OUTPUTS))
+    assert set(contract.LLM_OUTPUTS) == set(config_tensors("llm", "output"))

@@ -17,10 +17,14 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(PY) -m backend.launcher $(ARGS)
 
-test: $(STAMP)
-	$(PY) -m ruff check .
+test: lint
 	$(PY) -m pytest $(ARGS)
 
+# ruff, its format check and mypy ([tool.mypy] in pyproject.toml). Each model.py is checked on
+# its own: Triton loads each as a module named `model`.
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+	$(PY) -m mypy model_repository/llm/1/model.py
+	$(PY) -m mypy model_repository/preprocessing/1/model.py

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import uvicorn
 
@@ -15,11 +16,11 @@ from adapter.shutdown import GracefulServer
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"
 """Every line names the request it is about ("-" for none): the X-Request-Id of the response."""
-SHUTDOWN_BACKSTOP_S = 5.0
+SHUTDOWN_BACKSTOP_S = 5
 """uvicorn's own bound on open connections after the drain (which already ended the requests)."""
 
 
-def parse_args(argv: Sequence[str] | None = None) -> dict[str, object]:
+def parse_args(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """The flags given on the command line (absent ones leave the environment's value)."""
     parser = argparse.ArgumentParser(prog="python -m adapter", description=__doc__)
     for name, field in AdapterSettings.model_fields.items():

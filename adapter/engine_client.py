@@ -26,13 +26,13 @@ class ModelInfo:
         """Parses config.pbtxt `parameters` (all strings); an absent one keeps the default."""
         defaults = cls()
 
-        def integer(name: str, default: int | None) -> int | None:
+        def integer(name: str, default: int) -> int:
             value = parameters.get(name, "").strip()
             return int(value) if value else default
 
         return cls(
             # 0 means "the model's own context", which only the model knows.
-            max_model_len=integer("max_model_len", defaults.max_model_len) or None,
+            max_model_len=integer("max_model_len", 0) or None,
             max_logprobs=integer("max_logprobs", defaults.max_logprobs),
             max_logprob_token_ids=integer("max_logprob_token_ids", defaults.max_logprob_token_ids),
             model_path=parameters.get("model_path") or None,

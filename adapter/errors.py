@@ -113,7 +113,7 @@ class ErrorResponse(BaseModel):
 
 # (exception, status, OpenAI `type`, `code`), the first match wins. OpenAI's 429 for a request
 # rate has type "requests" (https://platform.openai.com/docs/guides/error-codes).
-_KINDS: tuple[tuple[type[BaseException], HTTPStatus, str, str | None], ...] = (
+_KINDS: tuple[tuple[type[Exception], HTTPStatus, str, str | None], ...] = (
     (InvalidRequestError, HTTPStatus.BAD_REQUEST, "invalid_request_error", None),
     (AuthenticationError, HTTPStatus.UNAUTHORIZED, "invalid_request_error", "invalid_api_key"),
     (ModelNotFoundError, HTTPStatus.NOT_FOUND, "invalid_request_error", "model_not_found"),
@@ -134,7 +134,7 @@ _KINDS: tuple[tuple[type[BaseException], HTTPStatus, str, str | None], ...] = (
 )
 
 
-EXPECTED_ERRORS: tuple[type[BaseException], ...] = (*(kind[0] for kind in _KINDS), EngineError)
+EXPECTED_ERRORS: tuple[type[Exception], ...] = (*(kind[0] for kind in _KINDS), EngineError)
 """The exceptions that are answered as errors of the request, not as bugs."""
 
 

@@ -310,7 +310,7 @@ class GenerationRequest(OpenAIBaseModel):
     @field_validator("stop_token_ids", "allowed_token_ids", "logprob_token_ids", mode="before")
     @classmethod
     def _check_token_ids(cls, value: Any, info: ValidationInfo) -> Any:
-        return check_token_ids(value, parameter=info.field_name)
+        return check_token_ids(value, parameter=info.field_name or "")
 
     @field_validator("logit_bias")
     @classmethod

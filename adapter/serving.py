@@ -197,7 +197,7 @@ class OpenAIServing:
         self.check_at_most(max_tokens, self.limits.max_tokens_cap, max_tokens_parameter)
 
     @staticmethod
-    def check_id_count(info: ModelInfo, ids: Sequence[int] | None, parameter: str) -> None:
+    def check_id_count(info: ModelInfo, ids: Sequence[object] | None, parameter: str) -> None:
         """An explicit id list against the model's `max_logprob_token_ids` (docs/design.md,
         "Logprob semantics")."""
         if ids is not None and len(ids) > info.max_logprob_token_ids:
@@ -333,8 +333,8 @@ class OpenAIServing:
         continuous_usage = bool(options and options.continuous_usage_stats)
         finals: list[TritonOutput | None] = [None] * len(streams)
         try:
-            for made in lead:
-                yield chunk([made])
+            for lead_choice in lead:
+                yield chunk([lead_choice])
             async with aclosing(merge_streams(streams)) as merged:
                 async for index, output in merged:
                     if output.final:

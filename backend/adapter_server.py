@@ -56,8 +56,17 @@ class AdapterServer(ChildProcess):
         return f"{self.url}/health/ready"
 
     def command(self) -> list[str]:
-        command = [sys.executable, "-m", "adapter", "--host", self.host, "--port", str(self.port),
-                   "--triton-url", self.triton_url]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "adapter",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--triton-url",
+            self.triton_url,
+        ]
         if self.served_model_name:
             command += ["--served-model-name", self.served_model_name]
         for name, value in self.options.items():

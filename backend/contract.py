@@ -145,7 +145,7 @@ def requested_outputs(
     nothing else: LOGPROBS (None = absent; 0 = the sampled token's logprob only) asks for the
     sampled group, and for the natural top-k unless explicit ids take its place (a client that
     sends LOGPROB_TOKEN_IDS sends LOGPROBS=0: its alternatives are the ids)."""
-    names = ALWAYS_OUTPUTS
+    names: tuple[str, ...] = ALWAYS_OUTPUTS
     if logprobs is not None or token_ids:
         names += SAMPLED_LOGPROB_OUTPUTS
     if token_ids:

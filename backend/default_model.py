@@ -181,7 +181,7 @@ def build(spec: ModelSpec, out_dir: Path) -> Path:
         pad_token_id=eos_ids[0],
     )
     torch.manual_seed(spec.seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = LlamaForCausalLM(config).float()
     _memorize(model, tokenizer, spec)
     model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=eos_ids[0])
 

@@ -76,6 +76,12 @@ class _Sequence:
     last_token: int = -1
     finished: bool = False
 
+    def next_logits(self) -> torch.Tensor:
+        """The logits the next token is sampled from (set by prefill, then by each decode)."""
+        if self.logits is None:
+            raise RuntimeError(f"request {self.params.request_id}: no logits to sample from")
+        return self.logits
+
     @property
     def total_len(self) -> int:
         return len(self.params.prompt_ids) + self.generated
@@ -275,7 +281,7 @@ class Engine:
                 a is b for a, b in zip(decoded_rows, rows, strict=True)
             ):
                 return logits
-        return torch.stack([seq.logits for seq in rows])
+        return torch.stack([seq.next_logits() for seq in rows])
 
     def _compact(self) -> None:
         """Free the slots of finished sequences, keeping active ones in slots 0..B-1: the last

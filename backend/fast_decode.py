@@ -14,6 +14,7 @@ else (other architectures, sliding windows, biases on o_proj/MLP) keeps transfor
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +40,7 @@ class _Layer:
     down: torch.Tensor
 
 
-def _norm(module: torch.nn.Module) -> tuple[torch.Tensor, float]:
+def _norm(module: Any) -> tuple[torch.Tensor, float]:
     return module.weight, float(module.variance_epsilon)
 
 
@@ -51,7 +52,7 @@ def _rms_norm(x: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor
     return weight * x32.to(x.dtype)
 
 
-def unsupported_reason(model: torch.nn.Module) -> str | None:
+def unsupported_reason(model: Any) -> str | None:
     """None when `model` has the Llama-family structure this module implements."""
     config = model.config
     if config.model_type not in SUPPORTED_MODEL_TYPES:
@@ -72,7 +73,7 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
 class FastDecoder:
     """One decode step for rows 0..B-1 of a `SlotKVCache` (whose plan the caller has set)."""
 
-    def __init__(self, model: torch.nn.Module, cache: SlotKVCache) -> None:
+    def __init__(self, model: Any, cache: SlotKVCache) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"no fast decode path: {reason}")
@@ -89,7 +90,7 @@ class FastDecoder:
         self._layers = [self._layer(layer) for layer in model.model.layers]
 
     @staticmethod
-    def _layer(layer: torch.nn.Module) -> _Layer:
+    def _layer(layer: Any) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
 
         def linear(module: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -126,7 +127,7 @@ class FastDecoder:
             if layer.q_norm is not None and layer.k_norm is not None:
                 q, k = _rms_norm(q, layer.q_norm), _rms_norm(k, layer.k_norm)
             q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-            keys, values = self._cache.layers[index].update(k, v.transpose(1, 2))
+            keys, values = self._cache.slot_layers[index].update(k, v.transpose(1, 2))
             # One query per row: attend on the kv heads, a kv head's query heads as its rows
             # (transformers' `pack_gqa`), so keys and values are never repeated.
             q = q.reshape(batch, self._kv_heads, groups, self._head_dim)

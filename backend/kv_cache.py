@@ -32,8 +32,11 @@ class _SlotLayer(CacheLayerMixin):
     def __init__(self, owner: SlotKVCache, shape: tuple[int, ...], device, dtype) -> None:
         super().__init__()
         self._owner = owner
-        self.keys = torch.zeros(shape, device=device, dtype=dtype)
-        self.values = torch.zeros(shape, device=device, dtype=dtype)
+        # Typed handles on the storage; the mixin's `keys` / `values` (optional there) are the
+        # same tensors, for transformers code that reads them.
+        self.slot_keys = torch.zeros(shape, device=device, dtype=dtype)
+        self.slot_values = torch.zeros(shape, device=device, dtype=dtype)
+        self.keys, self.values = self.slot_keys, self.slot_values
         self.is_initialized = True
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -42,27 +45,28 @@ class _SlotLayer(CacheLayerMixin):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        plan = self._owner.plan
+        plan = self._owner.current_plan
+        keys, values = self.slot_keys, self.slot_values
         if plan.slot is not None:  # prefill: [1, H, T, D] into one slot
-            self.keys[plan.slot, :, : plan.kv_len] = key_states[0]
-            self.values[plan.slot, :, : plan.kv_len] = value_states[0]
+            keys[plan.slot, :, : plan.kv_len] = key_states[0]
+            values[plan.slot, :, : plan.kv_len] = value_states[0]
             rows = slice(plan.slot, plan.slot + 1)
         else:  # decode: [B, H, 1, D], one position per row
             batch = key_states.shape[0]
             index = torch.arange(batch, device=key_states.device)
-            self.keys[index, :, plan.positions] = key_states[:, :, 0]
-            self.values[index, :, plan.positions] = value_states[:, :, 0]
+            keys[index, :, plan.positions] = key_states[:, :, 0]
+            values[index, :, plan.positions] = value_states[:, :, 0]
             rows = slice(0, batch)
-        return self.keys[rows, :, : plan.kv_len], self.values[rows, :, : plan.kv_len]
+        return keys[rows, :, : plan.kv_len], values[rows, :, : plan.kv_len]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self._owner.plan.kv_len, 0
+        return self._owner.current_plan.kv_len, 0
 
     def get_seq_length(self) -> int:
         return self._owner.plan.kv_len if self._owner.plan is not None else 0
 
     def get_max_length(self) -> int:
-        return self.keys.shape[2]
+        return self.slot_keys.shape[2]
 
 
 def _kv_shape(config: Any) -> tuple[int, int, int]:
@@ -86,10 +90,18 @@ class SlotKVCache(Cache):
     ) -> None:
         layers, kv_heads, head_dim = _kv_shape(config)
         shape = (num_slots, kv_heads, max_len, head_dim)
-        super().__init__(layers=[_SlotLayer(self, shape, device, dtype) for _ in range(layers)])
+        self.slot_layers = [_SlotLayer(self, shape, device, dtype) for _ in range(layers)]
+        super().__init__(layers=list(self.slot_layers))
         self.num_slots = num_slots
         self.max_len = max_len
         self.plan: _Plan | None = None
+
+    @property
+    def current_plan(self) -> _Plan:
+        """The plan of the forward running now; a forward without one is a bug."""
+        if self.plan is None:
+            raise RuntimeError("SlotKVCache: a forward ran before plan_prefill / plan_decode")
+        return self.plan
 
     def plan_prefill(self, slot: int, length: int) -> None:
         self.plan = _Plan(slot=slot, positions=None, kv_len=length)
@@ -99,6 +111,6 @@ class SlotKVCache(Cache):
 
     def move(self, src: int, dst: int, length: int) -> None:
         """Copy a sequence's first `length` positions from slot `src` to slot `dst`."""
-        for layer in self.layers:
-            layer.keys[dst, :, :length] = layer.keys[src, :, :length]
-            layer.values[dst, :, :length] = layer.values[src, :, :length]
+        for layer in self.slot_layers:
+            layer.slot_keys[dst, :, :length] = layer.slot_keys[src, :, :length]
+            layer.slot_values[dst, :, :length] = layer.slot_values[src, :, :length]

@@ -87,7 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "one more fault and the launcher exits 1",
     )
     add("--restart-window-s", type=float, default=defaults.window_s)
-    return parser.parse_args(argv)  # fmt: skip
+    return parser.parse_args(argv)
 
 
 def _parameters(pairs: list[str]) -> dict[str, str]:
@@ -143,9 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     def announce() -> None:
         logger.info(
             "ready in %.1f s: Triton HTTP %s, gRPC %s, metrics %s (logs in %s)",
-            time.monotonic() - started, server.http_url, server.grpc_url, server.metrics_url,
+            time.monotonic() - started,
+            server.http_url,
+            server.grpc_url,
+            server.metrics_url,
             args.run_dir,
-        )  # fmt: skip
+        )
         if adapter is not None:
             logger.info("OpenAI API: %s", adapter.base_url)
 

@@ -63,7 +63,7 @@ class ModelRunner:
         self.dtype = resolve_dtype(dtype, self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype)
-        self.model.to(self.device).eval()
+        self.model.to(self.device).eval()  # type: ignore[arg-type]  # transformers' wrapper hides Module.to
         config = self.model.config
         self.vocab_size = int(config.vocab_size)
         self.eos_ids = eos_token_ids(model_path, self.tokenizer)

@@ -95,12 +95,13 @@ class Preprocessor:
         if text is not None:
             prompt = _one_string(TEXT_INPUT, text)
             add = True if add_special_tokens is None else add_special_tokens
-        else:
-            prompt = self.tokenizer.apply_chat_template(
+        elif messages is not None:
+            rendered = self.tokenizer.apply_chat_template(
                 _messages(_one_string(MESSAGES, messages)),
                 add_generation_prompt=True,
                 tokenize=False,
             )
+            prompt = str(rendered)  # tokenize=False: the template's text
             add = bool(add_special_tokens)
         ids = self.tokenizer(prompt, add_special_tokens=add)["input_ids"]
         return np.asarray(ids, dtype=np.int32)

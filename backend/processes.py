@@ -77,9 +77,12 @@ class ChildProcess:
         logger.info("starting %s: %s", self.name, " ".join(command))
         # Its own session, so stop() also reaches what it forked (Triton's backend stubs).
         self._process = subprocess.Popen(
-            command, env=self.env(), stdout=output, stderr=subprocess.STDOUT,
+            command,
+            env=self.env(),
+            stdout=output,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
 
     def is_ready(self) -> bool:
         try:
@@ -144,7 +147,9 @@ class ChildProcess:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.stop()

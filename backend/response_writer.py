@@ -25,6 +25,7 @@ from backend.outputs import INTERNAL, StepOutput, merge_outputs
 logger = logging.getLogger(__name__)
 
 Request = TypeVar("Request")
+RequestIn = TypeVar("RequestIn", contravariant=True)
 Stats = TypeVar("Stats")
 
 # Asking Triton whether a request was cancelled is an IPC round trip: at most this often per
@@ -35,15 +36,15 @@ CANCEL_CHECK_INTERVAL_S = 0.02
 STATS_INTERVAL_S = 0.05
 
 
-class Transport(Protocol[Request]):
+class Transport(Protocol[RequestIn]):
     """How responses reach the client of a `Request` (in model.py, Triton's response sender)."""
 
-    def send(self, request: Request, output: StepOutput, final: bool) -> None: ...
+    def send(self, request: RequestIn, output: StepOutput, final: bool) -> None: ...
 
-    def send_error(self, request: Request, message: str, kind: str) -> None:
+    def send_error(self, request: RequestIn, message: str, kind: str) -> None:
         """The final response, as an error of `kind` (see `backend.engine`)."""
 
-    def is_cancelled(self, request: Request) -> bool: ...
+    def is_cancelled(self, request: RequestIn) -> bool: ...
 
 
 @dataclass(frozen=True)

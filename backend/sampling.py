@@ -22,12 +22,19 @@ class SamplingBatch:
     top_p: torch.Tensor  # [B] fp32
     top_k: torch.Tensor  # [B] int64, 0 = off
     generators: list[torch.Generator]
-    presence_penalty: torch.Tensor | None = None  # [B]
-    frequency_penalty: torch.Tensor | None = None  # [B]
-    repetition_penalty: torch.Tensor | None = None  # [B]
-    output_counts: torch.Tensor | None = None  # [B, V] occurrences of each id in the output
-    seen: torch.Tensor | None = None  # [B, V] bool: id in the prompt or the output
+    penalties: Penalties | None = None
     bias: torch.Tensor | None = None  # [B, V] added to the logits (-inf bans an id)
+
+
+@dataclass
+class Penalties:
+    """The batch's penalties, when some row has one (the others' are neutral)."""
+
+    presence: torch.Tensor  # [B]
+    frequency: torch.Tensor  # [B]
+    repetition: torch.Tensor  # [B]
+    output_counts: torch.Tensor  # [B, V] occurrences of each id in the output
+    seen: torch.Tensor  # [B, V] bool: id in the prompt or the output
 
 
 class RowState:
@@ -64,7 +71,7 @@ class RowState:
 
     def observe(self, token: int) -> None:
         self.generated += 1
-        if self.counts is not None:
+        if self.counts is not None and self.seen is not None:
             self.counts[token] += 1
             self.seen[token] = True
 
@@ -95,15 +102,13 @@ def batch_from_rows(rows: list[RowState], vocab_size: int, device: torch.device)
     if any(row.counts is not None for row in rows):
         zeros = torch.zeros(vocab_size, dtype=torch.int32, device=device)
         no = torch.zeros(vocab_size, dtype=torch.bool, device=device)
-        batch.presence_penalty = torch.tensor([p.presence_penalty for p in params], device=device)
-        batch.frequency_penalty = torch.tensor([p.frequency_penalty for p in params], device=device)
-        batch.repetition_penalty = torch.tensor(
-            [p.repetition_penalty for p in params], device=device
+        batch.penalties = Penalties(
+            presence=torch.tensor([p.presence_penalty for p in params], device=device),
+            frequency=torch.tensor([p.frequency_penalty for p in params], device=device),
+            repetition=torch.tensor([p.repetition_penalty for p in params], device=device),
+            output_counts=torch.stack([r.counts if r.counts is not None else zeros for r in rows]),
+            seen=torch.stack([r.seen if r.seen is not None else no for r in rows]),
         )
-        batch.output_counts = torch.stack(
-            [r.counts if r.counts is not None else zeros for r in rows]
-        )
-        batch.seen = torch.stack([r.seen if r.seen is not None else no for r in rows])
     biases = [row.bias(vocab_size) for row in rows]
     if any(b is not None for b in biases):
         zeros = torch.zeros(vocab_size, dtype=torch.float32, device=device)
@@ -114,15 +119,16 @@ def batch_from_rows(rows: list[RowState], vocab_size: int, device: torch.device)
 def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Float32 logits after penalties and bias (a new tensor; `logits` is not modified)."""
     out = logits.float().clone()
-    if batch.output_counts is not None:
+    penalties = batch.penalties
+    if penalties is not None:
         # vLLM / HF repetition penalty on ids seen in the prompt or output, then OpenAI's
         # frequency and presence penalties on ids in the output.
-        rep = batch.repetition_penalty.unsqueeze(-1)
+        rep = penalties.repetition.unsqueeze(-1)
         penalised = torch.where(out > 0, out / rep, out * rep)
-        out = torch.where(batch.seen, penalised, out)
-        counts = batch.output_counts.float()
-        out -= batch.frequency_penalty.unsqueeze(-1) * counts
-        out -= batch.presence_penalty.unsqueeze(-1) * (counts > 0).float()
+        out = torch.where(penalties.seen, penalised, out)
+        counts = penalties.output_counts.float()
+        out -= penalties.frequency.unsqueeze(-1) * counts
+        out -= penalties.presence.unsqueeze(-1) * (counts > 0).float()
     if batch.bias is not None:
         out += batch.bias
     return out
@@ -155,7 +161,7 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Token ids [B] from logits [B, V] (not modified)."""
-    if batch.output_counts is not None or batch.bias is not None:
+    if batch.penalties is not None or batch.bias is not None:
         logits = process_logits(logits, batch)
     greedy = batch.temperature <= 0
     if bool(greedy.all()):

@@ -48,7 +48,7 @@ def token_bytes_table(tokenizer: PreTrainedTokenizerBase, vocab_size: int) -> li
             else:
                 table.append(token.replace("▁", " ").encode())
     else:
-        table = [tokenizer.decode([i]).encode() for i in range(n)]
+        table = [str(tokenizer.decode([i])).encode() for i in range(n)]
     table.extend(b"" for _ in range(vocab_size - n))
     return table
 

@@ -194,8 +194,8 @@ def _parse_logits_processing(
             raise InvalidInputError(REPETITION_PENALTY, f"must be > 0, got {repetition:g}")
         params.repetition_penalty = repetition
     bias_ids = _int_list(arrays, LOGIT_BIAS_IDS) or []
-    bias_values = arrays.get(LOGIT_BIAS_VALUES)
-    bias_values = [] if bias_values is None else np.asarray(bias_values).reshape(-1).tolist()
+    bias_array = arrays.get(LOGIT_BIAS_VALUES)
+    bias_values = [] if bias_array is None else np.asarray(bias_array).reshape(-1).tolist()
     if len(bias_ids) != len(bias_values):
         raise InvalidInputError(
             LOGIT_BIAS_VALUES, f"has {len(bias_values)} values for {len(bias_ids)} ids"

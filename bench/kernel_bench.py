@@ -76,9 +76,9 @@ class Timer:
             times: list[list[float]] = [[] for _ in fns]
             for _ in range(self.iters):
                 for fn, fn_times in zip(fns, times, strict=True):
-                    start = time.perf_counter()
+                    began = time.perf_counter()
                     fn()
-                    fn_times.append(time.perf_counter() - start)
+                    fn_times.append(time.perf_counter() - began)
             return [statistics.median(fn_times) for fn_times in times]
         events = [
             [

@@ -18,7 +18,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 import httpx
@@ -28,6 +28,9 @@ from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.utils import np_to_triton_dtype
 
 from backend import contract
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 PROMPT_LENGTHS = (16, 64, 128)
 OUTPUT_LENGTHS = (32, 64, 128)
@@ -45,15 +48,9 @@ class RequestSpec:
     max_tokens: int
 
 
-class Tokenizer(Protocol):
-    """What the workload needs of a Hugging Face tokenizer."""
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
-
-
-def _prompt(tokenizer: Tokenizer, length: int, rng: random.Random, attempts: int = 50) -> str:
+def _prompt(
+    tokenizer: PreTrainedTokenizerBase, length: int, rng: random.Random, attempts: int = 50
+) -> str:
     """Text of exactly `length` tokens that encodes back to the same ids.
 
     Both sides then see the same tokens: our targets get the ids, `transformers serve` (text
@@ -65,14 +62,14 @@ def _prompt(tokenizer: Tokenizer, length: int, rng: random.Random, attempts: int
             for _ in range(2 * length)
         ]
         ids = tokenizer.encode(" ".join(words))[:length]
-        text = tokenizer.decode(ids)
+        text = str(tokenizer.decode(ids))
         if len(ids) == length and tokenizer.encode(text) == ids:
             return text
     raise RuntimeError(f"no prompt of {length} tokens round-trips through the tokenizer")
 
 
 def make_workload(
-    tokenizer: Tokenizer,
+    tokenizer: PreTrainedTokenizerBase,
     count: int,
     prompt_lengths: Sequence[int] = PROMPT_LENGTHS,
     output_lengths: Sequence[int] = OUTPUT_LENGTHS,

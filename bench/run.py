@@ -262,7 +262,7 @@ def run_ours(
     c = plan.reference
     with server:
         for concurrency in plan.concurrencies:
-            target = TritonTarget(server.grpc_url, name=GRPC)
+            target: Target = TritonTarget(server.grpc_url, name=GRPC)
             summaries.append(asyncio.run(measure(target, specs[concurrency], concurrency, plan)))
         ids = explicit_ids(vocab_size)
         target = TritonTarget(server.grpc_url, logprob_token_ids=ids, name=GRPC_EXPLICIT)

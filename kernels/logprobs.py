@@ -360,7 +360,7 @@ def _launch(inputs: LogprobInputs, n_splits: int | None, block_v: int) -> Logpro
         sampled_logprobs=sampled_logprobs,
         top_ids=top_ids,
         top_logprobs=top_logprobs,
-        token_logprobs=tokens if has_tokens else empty_token_logprobs(inputs),
+        token_logprobs=empty_token_logprobs(inputs) if tokens is None else tokens,
         sampled_ranks=ranks,
     )
 
@@ -371,8 +371,9 @@ def warmup(
     vocab_size: int,
     top_ks: Iterable[int] = (0, 1, 20),
     return_ranks: Iterable[bool] = (False, True),
-) -> None:
-    """Compile, before serving, every kernel variant a decode step can pick.
+) -> list[tuple[torch.dtype, int, bool, bool]]:
+    """Compile, before serving, every kernel variant a decode step can pick; returns the
+    (dtype, top_k, return_rank, explicit ids) launches it made.
 
     Per logits dtype: 6 variants of step 1 (top-k bucket none / <= 8 / <= 20, rank or not) and
     12 of the merge (the same, with or without explicit ids). `top_ks` and `return_ranks` may
@@ -382,12 +383,15 @@ def warmup(
     """
     device = torch.device(device)
     if device.type == "cpu" and not INTERPRET:
-        return  # CPU tensors take the torch path, which compiles nothing
+        return []  # CPU tensors take the torch path, which compiles nothing
     sampled = torch.zeros(2, dtype=torch.int64, device=device)
     token_ids = torch.zeros(2, 1, dtype=torch.int64, device=device)
+    launches = []
     for dtype in dtypes:
         logits = torch.zeros(2, vocab_size, dtype=dtype, device=device)
         for top_k in top_ks:
             for return_rank in return_ranks:
                 for tokens in (None, token_ids):
                     gather_logprobs_triton(logits, sampled, top_k, tokens, None, return_rank)
+                    launches.append((dtype, top_k, return_rank, tokens is not None))
+    return launches

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, JsonValue, model_validator
 
 from adapter.errors import InvalidRequestError
 from adapter.protocol import (
@@ -22,6 +22,7 @@ from adapter.protocol import (
 from adapter.tensors import TritonRequest
 
 TEMPLATE_ROLES = frozenset({"system", "developer", "user", "assistant"})
+ROLE_ENUM: list[JsonValue] = [*sorted(TEMPLATE_ROLES)]  # the schema's `enum` of `role`
 """Roles passed to the chat template; `tool` / `function` need tool support (later issue)."""
 
 
@@ -31,7 +32,7 @@ class ChatMessage(OpenAIBaseModel):
     role: str = Field(
         description="Who wrote it.",
         # In the schema (clients, fuzzers), while `_check_message` gives the error message.
-        json_schema_extra={"enum": sorted(TEMPLATE_ROLES)},
+        json_schema_extra={"enum": ROLE_ENUM},
     )
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None

@@ -138,8 +138,8 @@ class CompletionRequest(GenerationRequest):
     def prompts(self) -> list[str | list[int]]:
         """The prompts of the batch; a single one is a batch of one."""
         if isinstance(self.prompt, str) or isinstance(self.prompt[0], int):
-            return [self.prompt]  # type: ignore[list-item]
-        return list(self.prompt)  # type: ignore[arg-type]
+            return [self.prompt]
+        return list(self.prompt)
 
     def to_generation_params(self) -> list[TritonRequest]:
         """The model's inputs, one per choice in `index` order: the user's value, else
@@ -160,7 +160,7 @@ class CompletionRequest(GenerationRequest):
             params = replace(
                 sampling,
                 text=text,
-                prompt_ids=None if text is not None else tuple(prompt),
+                prompt_ids=None if isinstance(prompt, str) else tuple(prompt),
                 max_tokens=self.token_limit(),
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,

@@ -55,7 +55,7 @@ class OpenAIServingGenerativeScoring(OpenAIServing):
                     request.query, request.add_special_tokens, f"{request_id}-query", "query"
                 ),
                 *(
-                    self._ids(item, False, f"{request_id}-item-{i}", "items")
+                    self._ids(item, False, f"{request_id}-item-{i}", "items")  # type: ignore[arg-type]  # pydantic gives each item as str or list[int]
                     for i, item in enumerate(request.items)
                 ),
             ]

@@ -7,11 +7,7 @@ from pathlib import Path
 import pytest
 
 from backend.repository import TEMPLATE, known_parameters, set_parameters, write_repository
-from tests.backend.triton_config import PARAMETER, config_parameters
-
-
-def parameters_of(config: Path) -> dict[str, str]:
-    return dict(PARAMETER.findall(config.read_text()))
+from tests.backend.triton_config import config_parameters
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -48,17 +44,15 @@ def test_write_repository_sets_values_in_every_model(tmp_path: Path) -> None:
     )
 
     assert dest == tmp_path / "repo"
-    llm = parameters_of(dest / "llm" / "config.pbtxt")
-    template_llm = parameters_of(TEMPLATE / "llm" / "config.pbtxt")
+    llm = config_parameters("llm", dest)
+    template_llm = config_parameters("llm", TEMPLATE)
     assert llm == {
         **template_llm,
         "model_path": str(model.resolve()),
         "max_num_seqs": "3",
         "max_logprob_token_ids": "77",
     }
-    assert parameters_of(dest / "preprocessing" / "config.pbtxt") == {
-        "model_path": str(model.resolve())
-    }
+    assert config_parameters("preprocessing", dest) == {"model_path": str(model.resolve())}
     # Everything but the parameter values is copied as is.
     copied = snapshot(dest)
     assert set(copied) == set(template_before)
@@ -82,7 +76,7 @@ def test_a_relative_model_path_is_made_absolute(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     dest = write_repository(tmp_path / "repo", Path("rel/model"))
-    assert parameters_of(dest / "llm" / "config.pbtxt")["model_path"] == str(
+    assert config_parameters("llm", dest)["model_path"] == str(
         (tmp_path / "rel" / "model").resolve()
     )
 

@@ -13,9 +13,9 @@ MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 PARAMETER = re.compile(r'parameters \{ key: "(\w+)" value: \{ string_value: "([^"]*)" \} \}')
 
 
-def config_parameters(model: str) -> dict[str, str]:
-    """The `parameters` of `model_repository/<model>/config.pbtxt`, as written there."""
-    return dict(PARAMETER.findall((MODEL_REPOSITORY / model / "config.pbtxt").read_text()))
+def config_parameters(model: str, repository: Path = MODEL_REPOSITORY) -> dict[str, str]:
+    """The `parameters` of `<repository>/<model>/config.pbtxt` (the template's by default)."""
+    return dict(PARAMETER.findall((repository / model / "config.pbtxt").read_text()))
 
 
 @dataclass(frozen=True)

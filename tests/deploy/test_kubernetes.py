@@ -34,9 +34,14 @@ def resources(rendered: Path) -> dict[tuple[str, str], dict]:
 
 def validate(*paths: Path):
     return run(
-        [tool("kubernetes-validate"), "--strict", "--kubernetes-version", KUBERNETES_VERSION,
-         *map(str, paths)]
-    )  # fmt: skip
+        [
+            tool("kubernetes-validate"),
+            "--strict",
+            "--kubernetes-version",
+            KUBERNETES_VERSION,
+            *map(str, paths),
+        ]
+    )
 
 
 def kustomization_resources() -> list[Path]:

@@ -48,8 +48,11 @@ def still_running(processes: dict[int, str]) -> dict[int, str]:
 
 
 def processes_mentioning(text: str) -> dict[int, str]:
-    return {pid: cmd for pid, (_, state, cmd) in _process_table().items()
-            if text in cmd and state != "Z"}  # fmt: skip
+    return {
+        pid: cmd
+        for pid, (_, state, cmd) in _process_table().items()
+        if text in cmd and state != "Z"
+    }
 
 
 def resident_kib(pid: int) -> int:

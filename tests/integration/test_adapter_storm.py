@@ -38,8 +38,13 @@ class Outcome:
 
 
 def body(prompt: str, stream: bool) -> dict[str, object]:
-    return {"model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
-            "stream": stream}  # fmt: skip
+    return {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "stream": stream,
+    }
 
 
 async def one_request(

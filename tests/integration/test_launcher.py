@@ -59,8 +59,14 @@ class Ports:
         return cls(*sorted(ports))
 
     def triton_flags(self) -> list[str]:
-        return ["--http-port", str(self.http), "--grpc-port", str(self.grpc),
-                "--metrics-port", str(self.metrics)]  # fmt: skip
+        return [
+            "--http-port",
+            str(self.http),
+            "--grpc-port",
+            str(self.grpc),
+            "--metrics-port",
+            str(self.metrics),
+        ]
 
 
 # --- one launched process tree ---------------------------------------------------------------
@@ -102,9 +108,14 @@ def launched(
     """Run `command` in its own session; whatever happens, nothing of it outlives the test."""
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, cwd=REPO_ROOT, env=env,
-        )  # fmt: skip
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=REPO_ROOT,
+            env=env,
+        )
     seen: dict[int, str] = {}
     try:
         yield Launched(process, log_path)
@@ -176,15 +187,28 @@ def test_launcher_serves_with_a_system_tritonserver_and_stops_on_sigterm(
     ports = Ports.free()
     run_dir = tmp_path / "run"
     command = [
-        sys.executable, "-m", "backend.launcher",
-        "--model-path", str(model_dir),
-        "--host", "127.0.0.1", *ports.triton_flags(),
-        "--tritonserver", str(binary), "--backend-directory", str(backends),
-        "--run-dir", str(run_dir),
-        "--adapter-host", "127.0.0.1", "--adapter-port", str(ports.adapter),
-        "--served-model-name", "launcher-model",
+        sys.executable,
+        "-m",
+        "backend.launcher",
+        "--model-path",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        *ports.triton_flags(),
+        "--tritonserver",
+        str(binary),
+        "--backend-directory",
+        str(backends),
+        "--run-dir",
+        str(run_dir),
+        "--adapter-host",
+        "127.0.0.1",
+        "--adapter-port",
+        str(ports.adapter),
+        "--served-model-name",
+        "launcher-model",
         *PARAMETERS,
-    ]  # fmt: skip
+    ]
     with launched(command, tmp_path / "launcher.log") as server:
         server.wait_for_log("OpenAI API: ")
         assert f"OpenAI API: http://127.0.0.1:{ports.adapter}/v1" in server.log()
@@ -198,10 +222,14 @@ def test_launcher_serves_with_a_system_tritonserver_and_stops_on_sigterm(
         _, text = greedy_stream(f"127.0.0.1:{ports.grpc}", model_dir)
         reply = httpx.post(
             f"http://127.0.0.1:{ports.adapter}/v1/completions",
-            json={"model": "launcher-model", "prompt": PROMPT, "max_tokens": MAX_TOKENS,
-                  "temperature": 0},
+            json={
+                "model": "launcher-model",
+                "prompt": PROMPT,
+                "max_tokens": MAX_TOKENS,
+                "temperature": 0,
+            },
             timeout=60,
-        )  # fmt: skip
+        )
         assert reply.status_code == 200, reply.text
         body = reply.json()
         assert body["model"] == "launcher-model"

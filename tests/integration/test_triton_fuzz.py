@@ -59,9 +59,14 @@ def test_malformed_requests_end_and_the_server_keeps_serving(triton_server, arra
             )
         else:
             assert result.error.strip(), "an error without a message"
-        good = streamer.run("llm", {contract.INPUT_IDS: np.array([4, 5], np.int32),
-                                    contract.MAX_TOKENS: np.array([2], np.int32),
-                                    contract.IGNORE_EOS: np.array([True])})  # fmt: skip
+        good = streamer.run(
+            "llm",
+            {
+                contract.INPUT_IDS: np.array([4, 5], np.int32),
+                contract.MAX_TOKENS: np.array([2], np.int32),
+                contract.IGNORE_EOS: np.array([True]),
+            },
+        )
         assert good.error is None and len(good.token_ids) == 2
     finally:
         streamer.close()

@@ -63,8 +63,10 @@ def test_triton_killed_mid_stream_then_back(own_triton, tmp_path: Path) -> None:
         adapter_pid = adapter.pid
         client = stack.enter_context(httpx.Client(base_url=adapter.url, timeout=60))
 
-        streams = [stack.enter_context(client.stream("POST", "/v1/completions", json=LONG))
-                   for _ in range(STREAMS)]  # fmt: skip
+        streams = [
+            stack.enter_context(client.stream("POST", "/v1/completions", json=LONG))
+            for _ in range(STREAMS)
+        ]
         lines = [stream.iter_lines() for stream in streams]
         for stream, stream_lines in zip(streams, lines, strict=True):
             assert stream.status_code == 200

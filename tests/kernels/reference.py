@@ -32,7 +32,7 @@ def reference_logprobs(
     rows = torch.arange(n_rows, device=x.device)
     sampled = column(inputs.sampled_ids)
     sorted_logprobs, order = logprobs[:, :n_vocab].sort(dim=1, descending=True, stable=True)
-    if inputs.token_ids is None:
+    if inputs.token_ids is None or inputs.row_offsets is None:
         tokens = torch.empty(inputs.token_shape, dtype=torch.float64, device=x.device)
     else:
         counts = inputs.row_offsets[1:] - inputs.row_offsets[:-1]

@@ -7,6 +7,7 @@ must be on before `kernels` is first imported (anywhere in the session), so
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -302,7 +303,15 @@ def test_public_function_takes_the_kernels_only_where_they_run(
 def test_triton_warmup_runs_every_variant() -> None:
     from kernels.logprobs import warmup
 
-    warmup(TRITON_DEVICE, [torch.float32, torch.bfloat16], vocab_size=320)
+    dtypes = [torch.float32, torch.bfloat16]
+    launches = warmup(TRITON_DEVICE, dtypes, vocab_size=320)
+    # Every top-k bucket (none, <= 8, <= 20), with and without ranks and explicit ids.
+    assert sorted(launches, key=str) == sorted(
+        itertools.product(dtypes, (0, 1, 20), (False, True), (False, True)), key=str
+    )
+    # And on CPU nothing is compiled: the torch path serves it.
+    if not INTERPRET:
+        assert warmup("cpu", dtypes, vocab_size=320) == []
 
 
 POINTER_TYPES = {

@@ -10,6 +10,7 @@ exactly once, also on error and cancellation.
 import json
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton_python_backend_utils as pb_utils
@@ -33,9 +34,10 @@ def _error_code(kind: str) -> int:
 
 @dataclass
 class _Request:
-    sender: object
-    """Triton's response sender (None after FINAL): sends, and answers `is_cancelled`, which
-    python_backend documents for decoupled models once `execute` has returned."""
+    sender: Any
+    """Triton's response sender, untyped like all of pb_utils (None after FINAL): sends, and
+    answers `is_cancelled`, which python_backend documents for decoupled models once `execute`
+    has returned."""
     params: GenerationParams
     output_names: frozenset[str]
     """What the client asked for (all outputs when it named none): only these are built."""

@@ -115,8 +115,10 @@ def _completion(stack: Stack) -> str:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("model", ["llm", "preprocessing"])
+@pytest.mark.parametrize("model", ["llm", "preprocessing", "tritonserver"])
 def test_a_killed_stub_fails_fast_reports_not_ready_and_heals(stack: Stack, model: str) -> None:
+    """`model` is the stub killed; "tritonserver" kills the server process itself (its stubs
+    are left orphaned, and must go too)."""
     before = _completion(stack)
     restarts = stack.restarts_metric()
     old_regions = {stub.shm_region for stub in stack.server.stubs}
@@ -127,7 +129,10 @@ def test_a_killed_stub_fails_fast_reports_not_ready_and_heals(stack: Stack, mode
         assert stream.status_code == 200
         assert next(line for line in lines if line.startswith("data: "))
         assert direct.next()[1] is None  # streaming
-        os.kill(stack.stub_pid(model), signal.SIGKILL)
+        old_stubs = [stub.process.pid for stub in stack.server.stubs]
+        victim = stack.server.pid if model == "tritonserver" else stack.stub_pid(model)
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
         killed_at = time.monotonic()
         *_, error, done = sse_events(list(lines))
         errored_in = time.monotonic() - killed_at
@@ -150,8 +155,9 @@ def test_a_killed_stub_fails_fast_reports_not_ready_and_heals(stack: Stack, mode
     assert _completion(stack) == before
     assert stack.restarts_metric() == restarts + 1
     assert not any((SHM_DIR / region).exists() for region in old_regions if region)
+    assert not [pid for pid in old_stubs if _alive(pid)]
     print(
-        f"\nkill -9 of the {model} stub: stream error in {errored_in:.2f} s, adapter not ready "
+        f"\nkill -9 of {model if model == 'tritonserver' else f'the {model} stub'}: stream error in {errored_in:.2f} s, adapter not ready "
         f"in {unready_in:.2f} s, healed in {healed_in:.1f} s"
     )
 

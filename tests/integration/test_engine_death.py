@@ -156,9 +156,10 @@ def test_a_killed_stub_fails_fast_reports_not_ready_and_heals(stack: Stack, mode
     assert stack.restarts_metric() == restarts + 1
     assert not any((SHM_DIR / region).exists() for region in old_regions if region)
     assert not [pid for pid in old_stubs if _alive(pid)]
+    fault = model if model == "tritonserver" else f"the {model} stub"
     print(
-        f"\nkill -9 of {model if model == 'tritonserver' else f'the {model} stub'}: stream error in {errored_in:.2f} s, adapter not ready "
-        f"in {unready_in:.2f} s, healed in {healed_in:.1f} s"
+        f"\nkill -9 of {fault}: stream error in {errored_in:.2f} s, adapter not ready in "
+        f"{unready_in:.2f} s, healed in {healed_in:.1f} s"
     )
 
 

@@ -22,6 +22,10 @@ WARMUP = 100  # memory is compared from after these to after the last
 CONCURRENCY = 32
 HANGUP_SHARE = 0.25
 MAX_TOKENS = 12
+# A client that hangs up asks for far more than it reads (up to MAX_TOKENS events), so that its
+# request is still generating when it leaves, however the engine's tokens were merged into
+# responses: each of them must be cancelled in Triton.
+HANGUP_MAX_TOKENS = 240
 SEED = 20240601
 PROMPTS = ["Triton serves the model", "The quick brown fox", "Logprobs of labels", "日本語も"]
 MAX_GROWTH = 0.10
@@ -37,11 +41,12 @@ class Outcome:
     error: str | None = None
 
 
-def body(prompt: str, stream: bool) -> dict[str, object]:
+def body(prompt: str, stream: bool, max_tokens: int = MAX_TOKENS) -> dict[str, object]:
     return {
         "model": MODEL,
         "prompt": prompt,
-        "max_tokens": MAX_TOKENS,
+        "max_tokens": max_tokens,
+        "ignore_eos": max_tokens != MAX_TOKENS,
         "temperature": 0,
         "stream": stream,
     }
@@ -54,7 +59,9 @@ async def one_request(
     events (the context manager's exit drops a connection whose body is unread)."""
     outcome = Outcome(index, hung_up=hang_up_after is not None)
     try:
-        async with client.stream("POST", "/v1/completions", json=body(prompt, True)) as response:
+        tokens = MAX_TOKENS if hang_up_after is None else HANGUP_MAX_TOKENS
+        request = body(prompt, True, tokens)
+        async with client.stream("POST", "/v1/completions", json=request) as response:
             if response.status_code != 200:
                 outcome.error = f"{response.status_code}: {(await response.aread())[:300]!r}"
                 return outcome
@@ -105,6 +112,7 @@ async def test_disconnect_storm(adapter_server, triton_server) -> None:
         for i in range(REQUESTS)
     ]
     cancelled_before = metric(metrics, "llm_cancelled_requests_total")
+    finished_before = metric(metrics, "llm_finished_requests_total")
     limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
     async with httpx.AsyncClient(base_url=adapter_server.url, timeout=60, limits=limits) as client:
         reference = {}
@@ -125,6 +133,16 @@ async def test_disconnect_storm(adapter_server, triton_server) -> None:
         outcomes += await asyncio.gather(*(bounded(*p) for p in plan[WARMUP:]))
         seconds = time.monotonic() - started
     assert wait_for(lambda: metric(metrics, "llm_active_sequences") == 0, timeout_s=30)
+    # Each request ends in the engine exactly once, finished or cancelled (the writer sends the
+    # counters one by one, so wait for both to arrive). A hang-up's request is cancelled unless
+    # it finished before the adapter saw the disconnect.
+    engine_requests = REQUESTS + len(PROMPTS)
+
+    def ended() -> float:
+        finished = metric(metrics, "llm_finished_requests_total") - finished_before
+        return finished + metric(metrics, "llm_cancelled_requests_total") - cancelled_before
+
+    wait_for(lambda: ended() >= engine_requests)
     rss_end = resident_kib(adapter_pid), resident_kib(stub_pid)
 
     lost = [
@@ -140,6 +158,7 @@ async def test_disconnect_storm(adapter_server, triton_server) -> None:
         f"RSS KiB adapter {rss_warm[0]} -> {rss_end[0]}, llm stub {rss_warm[1]} -> {rss_end[1]}"
     )
     assert lost == [], lost[:5]
+    assert ended() == engine_requests
     assert 0 < cancelled <= len(hang_ups)
     for before, after in zip(rss_warm, rss_end, strict=True):
         assert after < before * (1 + MAX_GROWTH), (rss_warm, rss_end)

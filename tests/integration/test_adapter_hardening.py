@@ -174,24 +174,26 @@ def test_the_timeout_cancels_the_triton_requests(triton_server, tmp_path: Path) 
 
 def test_sigterm_drains_the_stream_in_flight(triton_server, tmp_path: Path) -> None:
     """SIGTERM: new requests and readiness get 503 while the stream in flight finishes; then
-    the adapter exits 0. (The bound is far beyond the stream's length: it never races it.)"""
+    the adapter exits 0. The stream is held after its first token until those are checked, so
+    that it cannot finish (and the adapter exit) first; the drain bound is far beyond it."""
     metrics = triton_server.metrics_url
     with adapter(triton_server, tmp_path, "drain", drain_timeout_s=600.0) as server:
         process = server._process
         assert process is not None
-        with (
-            httpx.Client(base_url=server.url, timeout=60) as client,
-            client.stream("POST", "/v1/completions", json={**LONG, "stream": True}) as stream,
-        ):
-            lines = stream.iter_lines()
-            assert next(line for line in lines if line.startswith("data: "))
-            process.send_signal(signal.SIGTERM)
-            with httpx.Client(base_url=server.url, timeout=60) as fresh:  # it answers, draining
-                assert wait_for(lambda: fresh.get("/health/ready").status_code == 503)
-                refused = fresh.post("/v1/completions", json=completion())
-                assert error_of(refused, 503)["message"] == "The server is shutting down."
-                assert fresh.get("/health").status_code == 200
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            request = client.build_request("POST", "/v1/completions", json={**LONG, "stream": True})
+            with held(triton_server):
+                stream = client.send(request, stream=True)
+                lines = stream.iter_lines()
+                assert next(line for line in lines if line.startswith("data: "))
+                process.send_signal(signal.SIGTERM)
+                with httpx.Client(base_url=server.url, timeout=60) as fresh:  # it drains
+                    assert wait_for(lambda: fresh.get("/health/ready").status_code == 503)
+                    refused = fresh.post("/v1/completions", json=completion())
+                    assert error_of(refused, 503)["message"] == "The server is shutting down."
+                    assert fresh.get("/health").status_code == 200
             *_, last, done = sse_events(list(lines))
+            stream.close()
         assert done == "[DONE]"
         assert last["choices"][0]["finish_reason"] == "length"
         assert_exits_cleanly(server)

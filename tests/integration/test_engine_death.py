@@ -28,14 +28,17 @@ from backend.adapter_server import AdapterServer
 from backend.repository import write_repository
 from backend.supervisor import RestartPolicy, Supervisor
 from backend.tritonserver import SHM_DIR, TritonServer
-from tests.integration.openai_support import MODEL, sse_events, wait_for
+from tests.conftest import GATED_LLM
+from tests.integration.openai_support import MODEL, held, sse_events, wait_for
 from tests.integration.proc import resident_kib
 from tests.streaming import Streamer
 
 PARAMETERS = {"max_model_len": "512", "max_num_seqs": "4"}
 QUICK = RestartPolicy(max_restarts=20, backoff_s=0.2, max_backoff_s=0.2, poll_interval_s=0.2)
 FAIL_FAST_S = 5.0  # the bound on the stream's error and on /health/ready turning 503
-HEAL_BOUND_S = 60.0
+# Only ends the wait for a heal that never comes: a restart is a model load, whose time depends on
+# the machine (measured 11-28 s; the goal of 60 s is reported in bench/RESULTS.md).
+HEAL_BOUND_S = 240.0
 LONG = {"model": MODEL, "prompt": "Hi", "max_tokens": 500, "ignore_eos": True, "stream": True}
 LONG_IDS = {
     contract.INPUT_IDS: np.array([1, 2, 3], dtype=np.int32),
@@ -89,6 +92,7 @@ def supervised(
 def stack(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     run = tmp_path_factory.mktemp("engine-death")
     repository = write_repository(run / "model_repository", model_dir, PARAMETERS)
+    shutil.copy(GATED_LLM, repository / "llm" / "1" / "model.py")  # streams held at will
     server, adapter, supervisor, thread, exit_code = supervised(repository, run)
     try:
         with httpx.Client(base_url=adapter.url, timeout=60) as http:
@@ -123,8 +127,9 @@ def test_a_killed_stub_fails_fast_reports_not_ready_and_heals(stack: Stack, mode
     restarts = stack.restarts_metric()
     old_regions = {stub.shm_region for stub in stack.server.stubs}
     direct = Streamer(stack.server.grpc_url)  # a tritonclient caller, straight to `llm`
-    direct.send("llm", LONG_IDS)
-    with stack.http.stream("POST", "/v1/completions", json=LONG) as stream:
+    # Held after their first token, the streams are still open whenever the fault lands.
+    with held(stack.server), stack.http.stream("POST", "/v1/completions", json=LONG) as stream:
+        direct.send("llm", LONG_IDS)
         lines = stream.iter_lines()
         assert stream.status_code == 200
         assert next(line for line in lines if line.startswith("data: "))

@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
 @cache
-def _model(model_dir: str, dtype: torch.dtype) -> AutoModelForCausalLM:
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+def _model(model_dir: str, dtype: torch.dtype, device: str = "cpu") -> AutoModelForCausalLM:
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
 
 
 @cache
@@ -30,9 +30,15 @@ def reference_logprobs(model_dir: Path, prompt_ids: list[int], output_ids: list[
 
 
 @torch.inference_mode()
-def reference_greedy(model_dir: Path, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """transformers' own `generate` (greedy, float32 as served on CPU)."""
-    model = _model(str(model_dir), torch.float32)
-    ids = torch.tensor([list(prompt_ids)])
+def reference_greedy(
+    model_dir: Path,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> list[int]:
+    """transformers' own `generate` (greedy; by default float32 as served on CPU)."""
+    model = _model(str(model_dir), dtype, device)
+    ids = torch.tensor([list(prompt_ids)], device=device)
     out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
     return out[0, len(prompt_ids) :].tolist()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import os
 import signal
@@ -57,11 +58,11 @@ class Stage:
     """In the stage's own process: its figures, with `ok` and a one-line `summary`."""
 
 
-def _model(quick: bool) -> Path:
+def _model(args: argparse.Namespace) -> Path:
     from backend import default_model
 
-    spec = default_model.TEST_SPEC if quick else default_model.DEFAULT_SPEC
-    return default_model.ensure(spec)
+    spec = default_model.TEST_SPEC if args.quick else default_model.DEFAULT_SPEC
+    return default_model.ensure(spec, args.models_dir or default_model.MODELS_DIR)
 
 
 class _Outcomes:
@@ -122,7 +123,7 @@ def kernel_bench(args: argparse.Namespace) -> Result:
 def engine(args: argparse.Namespace) -> Result:
     from bench.engine_check import check_engine
 
-    model = _model(args.quick)
+    model = _model(args)
     result: Result = {}
     parts = []
     for dtype in ("bfloat16", "float32"):
@@ -184,7 +185,7 @@ def throughput(args: argparse.Namespace) -> Result:
     from bench.loadgen import Summary, make_workload, run_load
     from tests.reference import tokenizer
 
-    model = _model(args.quick)
+    model = _model(args)
     tok = tokenizer(model)
     lengths = {"prompt_lengths": (8, 16), "output_lengths": (4, 8)} if args.quick else {}
     target = EngineTarget(model, max(THROUGHPUT_CONCURRENCY), device=args.device)
@@ -257,17 +258,11 @@ def run_stage(name: str, command: list[str], limit_s: float, out: Path) -> Resul
 def _run_one(args: argparse.Namespace) -> int:
     """In a stage's process: run it, write its result (an exception's text on failure) and the
     versions it ran with, since the image's differ from the pins."""
-    import numpy
-    import torch
-    import transformers
-
     stage = next(s for s in STAGES if s.name == args.stage)
-    versions = {
-        "numpy": numpy.__version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
+    versions: dict[str, str] = {}
     try:
+        for name in ("numpy", "torch", "triton", "transformers"):
+            versions[name] = importlib.import_module(name).__version__
         result = stage.run(args)
     except Exception as exc:
         failure = {"ok": False, "summary": f"{type(exc).__name__}: {exc}", "versions": versions}
@@ -283,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="small shapes and the test model")
     parser.add_argument("--stages", nargs="+", choices=[s.name for s in STAGES])
+    parser.add_argument("--models-dir", type=Path, help="where the model is built (.cache/models)")
     parser.add_argument("--stage", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -297,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         command = [sys.executable, "-m", "bench.gpu_check", "--stage", stage.name]
         command += ["--device", args.device] + (["--quick"] if args.quick else [])
+        command += ["--models-dir", str(args.models_dir)] if args.models_dir else []
         limit_s = QUICK_LIMIT_S if args.quick else stage.limit_s
         result = run_stage(stage.name, command, limit_s, args.out)
         results[stage.name] = result

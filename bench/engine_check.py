@@ -5,7 +5,8 @@ rather than raising, so one failure does not hide the others:
 - greedy tokens equal transformers' `generate` on the same device and dtype;
 - sampled, top-k and explicit-id logprobs within `ATOL` of a float64 forward on CPU
   (tests/reference.py), asked only of float32: bf16 logits are themselves further off;
-- 16 concurrent requests give each one's tokens alone (and, in float32, its logprobs).
+- 16 concurrent requests give each one's tokens alone (and, in float32, its logprobs), bf16
+  near-ties apart.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from backend.params import GenerationParams
 from tests.reference import reference_greedy, reference_logprobs, tokenizer
 
 ATOL = 1e-4
+BF16_TIE_MARGIN = 0.25
+"""Nats: a bf16 greedy choice closer than this may flip with the batch (check_concurrent)."""
 CONCURRENT = 16
 EXPLICIT_IDS = [0, 5, 17, 999]
 WAIT_S = 60.0
@@ -140,32 +143,44 @@ def check_logprobs(
 
 
 def check_concurrent(
-    engine: Engine, prompt_list: list[list[int]], max_tokens: int, exact_logprobs: bool
+    engine: Engine, prompt_list: list[list[int]], max_tokens: int, tie_margin: float
 ) -> dict[str, Any]:
-    """All requests in one batch vs each alone: the same tokens; logprobs within ATOL when
-    `exact_logprobs` (float32), else only reported."""
+    """All requests in one batch vs each alone: the same tokens and logprobs.
+
+    A batch changes the order of reductions; in float32 that moves logprobs far below ATOL, in
+    bf16 by up to ~0.1, which can flip a greedy choice whose top-2 margin (alone) is smaller. So a
+    divergence at a step whose margin is below `tie_margin` (0 in float32) is counted apart, as a
+    near-tie, and the logprobs are compared up to the first divergence, against ATOL in float32.
+    """
     requests = [
         GenerationParams(
             prompt_ids=p,
             max_tokens=max_tokens + i % 4,  # rows leave the batch at different steps
             temperature=0.0,
             ignore_eos=True,
-            logprobs=3 if i % 2 else None,
+            logprobs=2,
         )
         for i, p in enumerate(prompt_list)
     ]
     alone = [run_requests(engine, [params])[0] for params in requests]
     together = run_requests(engine, requests)
-    mismatches, worst = 0, 0.0
+    margins: list[float] = []  # alone, at each request's first divergence
+    worst = 0.0
     for one, many in zip(alone, together, strict=True):
-        mismatches += many.token_ids != one.token_ids
-        if many.logprobs.size and many.token_ids == one.token_ids:
-            worst = max(worst, float(np.abs(many.logprobs - one.logprobs).max()))
+        same = [a == b for a, b in zip(one.token_ids, many.token_ids, strict=True)]
+        end = same.index(False) if False in same else len(same)
+        if end < len(same):
+            margins.append(float(one.top_logprobs[end, 0] - one.top_logprobs[end, 1]))
+        if end:
+            worst = max(worst, float(np.abs(many.logprobs[:end] - one.logprobs[:end]).max()))
+    divergences = sum(m >= tie_margin for m in margins)
     return {
         "requests": len(requests),
-        "token_mismatches": mismatches,
+        "divergences": divergences,
+        "near_tie_divergences": len(margins) - divergences,
+        "divergence_margins": margins,
         "worst_logprob_difference": worst,
-        "ok": mismatches == 0 and (worst <= ATOL or not exact_logprobs),
+        "ok": divergences == 0 and (worst <= ATOL or tie_margin > 0),
     }
 
 
@@ -185,7 +200,7 @@ def check_engine(model_dir: Path, device: str, dtype: str, quick: bool) -> dict[
                 engine, model_dir, prompts(model_dir, 4), max_tokens
             )
         results["concurrent"] = check_concurrent(
-            engine, prompts(model_dir, CONCURRENT), max_tokens, exact_logprobs=is_fp32
+            engine, prompts(model_dir, CONCURRENT), max_tokens, 0.0 if is_fp32 else BF16_TIE_MARGIN
         )
     finally:
         engine.stop()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from backend.default_model import TEST_SPEC
 from bench.gpu_check import STAGES, run_stage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,9 +81,11 @@ def test_the_cpu_dry_run_passes_every_stage(packages: str, tmp_path: Path) -> No
         (dtype, b, 32000) for dtype in ("bf16", "fp32") for b in (1, 8)
     ]
     assert all(r["ours_s"] > 0 and r["naive_s"] > 0 for r in rows)
+    assert Path(results["model"]["path"]).name == TEST_SPEC.name
     for dtype in ("bfloat16", "float32"):
         assert results["engine"][dtype]["greedy"]["mismatches"] == 0
-        assert results["engine"][dtype]["concurrent"]["token_mismatches"] == 0
+        assert results["engine"][dtype]["concurrent"]["divergences"] == 0
+    assert results["engine"]["float32"]["concurrent"]["near_tie_divergences"] == 0
     logprobs = results["engine"]["float32"]["logprobs"]
     assert max(logprobs[f"worst_{k}"] for k in ("sampled", "top_k", "explicit")) <= 1e-4
     for concurrency in (1, 16, 64):

@@ -86,6 +86,7 @@ def test_the_cpu_dry_run_passes_every_stage(packages: str, tmp_path: Path) -> No
         assert results["engine"][dtype]["greedy"]["mismatches"] == 0
         assert results["engine"][dtype]["concurrent"]["divergences"] == 0
     assert results["engine"]["float32"]["concurrent"]["near_tie_divergences"] == 0
+    assert results["engine"]["float32"]["greedy"]["near_tie_mismatches"] == 0
     logprobs = results["engine"]["float32"]["logprobs"]
     assert max(logprobs[f"worst_{k}"] for k in ("sampled", "top_k", "explicit")) <= 1e-4
     for concurrency in (1, 16, 64):

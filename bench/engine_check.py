@@ -105,7 +105,7 @@ def check_greedy(
         for p in prompt_list
     ]
     outputs = run_requests(engine, requests)
-    margins = []
+    margins: list[float] = []
     for params, out in zip(requests, outputs, strict=True):
         expected = reference_greedy(
             model_dir, params.prompt_ids, max_tokens, str(runner.device), runner.dtype

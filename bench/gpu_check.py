@@ -83,7 +83,7 @@ def kernel_tests(args: argparse.Namespace) -> Result:
 
     outcomes = _Outcomes()
     argv = [str(REPO / "tests" / "kernels"), "-q", "-p", "no:cacheprovider"]
-    if args.quick:  # the two slow CPU-only cases: the interpreter rerun and the sm_90 build
+    if args.quick:  # the two slow cases that need no GPU: the interpreter rerun, the sm_90 build
         argv += ["-k", "not interpreter and not hopper"]
     exit_code = int(pytest.main(argv, plugins=[outcomes]))
     counts = outcomes.counts
@@ -132,11 +132,11 @@ def model(args: argparse.Namespace) -> Result:
 def engine(args: argparse.Namespace) -> Result:
     from bench.engine_check import check_engine
 
-    model = _model(args)
+    model_dir = _model(args)
     result: Result = {}
     parts = []
     for dtype in ("bfloat16", "float32"):
-        checks = check_engine(model, args.device, dtype, args.quick)
+        checks = check_engine(model_dir, args.device, dtype, args.quick)
         result[dtype] = checks
         ties = checks["concurrent"]["near_tie_divergences"]
         parts.append(
@@ -196,10 +196,10 @@ def throughput(args: argparse.Namespace) -> Result:
     from bench.loadgen import Summary, make_workload, run_load
     from tests.reference import tokenizer
 
-    model = _model(args)
-    tok = tokenizer(model)
+    model_dir = _model(args)
+    tok = tokenizer(model_dir)
     lengths = {"prompt_lengths": (8, 16), "output_lengths": (4, 8)} if args.quick else {}
-    target = EngineTarget(model, max(THROUGHPUT_CONCURRENCY), device=args.device)
+    target = EngineTarget(model_dir, max(THROUGHPUT_CONCURRENCY), device=args.device)
     timer = _DecodeTimer(target.runner)
     result: Result = {"dtype": str(target.runner.dtype)}
     parts = []

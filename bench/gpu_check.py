@@ -8,7 +8,7 @@ prepared GPU check"). Stages run in order, each in its own process group with it
 limit, so a hung CUDA call costs only its stage and a failing stage does not stop the rest:
 
 1. kernel_tests: `pytest tests/kernels` (on CUDA the CUDA-only cases run);
-2. kernel_bench: the `kernels.bench` table with the measured copy bandwidth;
+2. kernel_bench: the `bench.kernel_bench` table with the measured copy bandwidth;
 3. model: the default model built there (or the test model with `--quick`), with its packages;
 4. engine: greedy == `generate`, logprobs vs float64, concurrent == alone (bench/engine_check.py),
    in bf16 and fp32;
@@ -98,13 +98,13 @@ def kernel_tests(args: argparse.Namespace) -> Result:
 
 
 def kernel_bench(args: argparse.Namespace) -> Result:
-    from kernels import bench
+    from bench.kernel_bench import main as kernel_table
 
     argv = ["--device", args.device]
     if args.quick:
         argv += ["--batch-sizes", "1", "8", "--vocab-sizes", "32000", "--iters", "3"]
         argv += ["--threads", "1"]
-    rows = bench.main(argv)
+    rows = kernel_table(argv)
     goal: bool | None = None
     goal_row = next((r for r in rows if (r.dtype, r.n_rows, r.n_vocab) == GOAL_SHAPE), None)
     summary = f"{len(rows)} shapes, copy {rows[0].copy_bytes_per_s / 1e9:.0f} GB/s"
@@ -170,9 +170,9 @@ class _DecodeTimer:
 
     def __call__(self, tokens: list[int], positions: list[int]) -> Any:
         if not self._cuda:
-            start = time.perf_counter()
+            began = time.perf_counter()
             logits = self._decode(tokens, positions)
-            self._marks.append(time.perf_counter() - start)
+            self._marks.append(time.perf_counter() - began)
             return logits
         start, end = self._event(enable_timing=True), self._event(enable_timing=True)
         start.record()
@@ -198,7 +198,9 @@ def throughput(args: argparse.Namespace) -> Result:
 
     model_dir = _model(args)
     tok = tokenizer(model_dir)
-    lengths = {"prompt_lengths": (8, 16), "output_lengths": (4, 8)} if args.quick else {}
+    lengths: dict[str, Any] = (
+        {"prompt_lengths": (8, 16), "output_lengths": (4, 8)} if args.quick else {}
+    )
     target = EngineTarget(model_dir, max(THROUGHPUT_CONCURRENCY), device=args.device)
     timer = _DecodeTimer(target.runner)
     result: Result = {"dtype": str(target.runner.dtype)}

@@ -27,12 +27,10 @@ import numpy as np
 from backend import contract
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
-
-if TYPE_CHECKING:
-    # Imported where used: the engine-alone target runs on the GPU image, which has no
-    # tritonclient (docs/design.md, "The prepared GPU check").
+    # tritonclient is imported where used: the engine-alone target runs on the GPU image, which
+    # has none (docs/design.md, "The prepared GPU check").
     import tritonclient.grpc.aio as grpcclient_aio
+    from transformers import PreTrainedTokenizerBase
     from tritonclient.grpc import InferInput
 
 PROMPT_LENGTHS = (16, 64, 128)

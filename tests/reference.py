@@ -7,16 +7,23 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 
 @cache
-def _model(model_dir: str, dtype: torch.dtype, device: str = "cpu") -> AutoModelForCausalLM:
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+def _model(model_dir: str, dtype: torch.dtype, device: str = "cpu") -> PreTrainedModel:
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model.to(device)  # type: ignore[arg-type]  # transformers' wrapper hides Module.to
+    return model.eval()
 
 
 @cache
-def tokenizer(model_dir: Path) -> AutoTokenizer:
+def tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(model_dir)
 
 
@@ -40,5 +47,7 @@ def reference_greedy(
     """transformers' own `generate` (greedy; by default float32 as served on CPU)."""
     model = _model(str(model_dir), dtype, device)
     ids = torch.tensor([list(prompt_ids)], device=device)
-    out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+    # PreTrainedModel's stubs type `generate` as a tensor attribute (GenerationMixin is mixed in
+    # per model class).
+    out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)  # type: ignore[operator]
     return out[0, len(prompt_ids) :].tolist()

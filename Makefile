@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint venv
+.PHONY: serve test lint venv gpu-check
 
 venv: $(STAMP)
 
@@ -28,3 +28,9 @@ lint: $(STAMP)
 	$(PY) -m mypy
 	$(PY) -m mypy model_repository/llm/1/model.py
 	$(PY) -m mypy model_repository/preprocessing/1/model.py
+
+# The prepared GPU check, with the machine's own python3 and packages: it installs nothing
+# (bench/gpu_check.py; the device-tool command is in bench/RESULTS.md, "GPU").
+GPU_CHECK_OUT ?= .cache/gpu-check
+gpu-check:
+	PYTHONPATH=. $(PYTHON) -m bench.gpu_check --out $(GPU_CHECK_OUT) $(ARGS)

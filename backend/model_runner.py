@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -79,6 +80,11 @@ class ModelRunner:
                 f"tokens ({per_slot} bytes each): raise it or lower max_model_len"
             )
         self.cache = SlotKVCache(config, slots, self.max_model_len, self.device, self.dtype)
+        # The keyword the model takes its cache by: `cache` in transformers 5.24 (the pin, which
+        # still maps `past_key_values` to it, with a warning), `past_key_values` in 5.17 (the GPU
+        # image's, which would silently ignore `cache`; docs/design.md, "The prepared GPU check").
+        forward = inspect.signature(self.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in forward else "past_key_values"
         self._mask_min = torch.finfo(self.dtype).min
         self.fast_decode_off_reason = (
             unsupported_reason(self.model) if fast_decode else "fast_decode is off"
@@ -105,7 +111,7 @@ class ModelRunner:
             input_ids=ids,
             position_ids=torch.arange(length, device=self.device).unsqueeze(0),
             attention_mask=mask,
-            cache=self.cache,
+            **{self._cache_arg: self.cache},
             use_cache=True,
             logits_to_keep=0 if all_positions else 1,
         )
@@ -128,7 +134,7 @@ class ModelRunner:
             input_ids=ids.unsqueeze(1),
             position_ids=pos.unsqueeze(1),
             attention_mask=mask,
-            cache=self.cache,
+            **{self._cache_arg: self.cache},
             use_cache=True,
         )
         return out.logits[:, -1]

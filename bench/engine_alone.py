@@ -59,14 +59,24 @@ class EngineTarget:
     """Greedy, `IGNORE_EOS`, token-id prompts: the same requests `TritonTarget` sends."""
 
     def __init__(
-        self, model: Path, max_num_seqs: int, name: str = "engine alone", fast_decode: bool = True
+        self,
+        model: Path,
+        max_num_seqs: int,
+        name: str = "engine alone",
+        fast_decode: bool = True,
+        device: str = "cpu",
+        dtype: str = "auto",
     ) -> None:
         self.name = name
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))  # as `llm`'s num_threads 0
-        runner = ModelRunner(
-            str(model), device="cpu", max_num_seqs=max_num_seqs, fast_decode=fast_decode
+        self.runner = ModelRunner(
+            str(model),
+            device=device,
+            dtype=dtype,
+            max_num_seqs=max_num_seqs,
+            fast_decode=fast_decode,
         )
-        self._engine = Engine(runner)
+        self._engine = Engine(self.runner)
         self._engine.start()
 
     async def generate(self, spec: RequestSpec, first_token: FirstToken) -> int:

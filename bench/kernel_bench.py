@@ -14,6 +14,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -136,32 +137,61 @@ def check(device: torch.device, top_k: int, ids_per_row: int) -> None:
     print("check: ours within 1e-5 of the float64 reference, naive within 1e-4")
 
 
+@dataclass(frozen=True)
+class Row:
+    """One table row: the two paths' median seconds on one shape, against the copy ceiling."""
+
+    dtype: str
+    n_rows: int
+    n_vocab: int
+    ours_s: float
+    naive_s: float
+    logits_bytes: int
+    copy_bytes_per_s: float
+
+    def copy_fraction(self, seconds: float) -> float:
+        return self.logits_bytes / seconds / self.copy_bytes_per_s
+
+    @property
+    def speedup(self) -> float:
+        return self.naive_s / self.ours_s
+
+    def format(self) -> str:
+        cells = []
+        for seconds in (self.ours_s, self.naive_s):
+            rate = self.logits_bytes / seconds
+            cells.append(
+                f"{seconds * 1e6:9.1f} {rate / 1e9:7.1f} {100 * self.copy_fraction(seconds):5.1f}%"
+            )
+        return (
+            f"{self.dtype:>5} {self.n_rows:>4} {self.n_vocab:>7} | {cells[0]} | {cells[1]} | "
+            f"{self.speedup:6.2f}x"
+        )
+
+
 def bench_shape(
     timer: Timer,
     copy: float,
-    dtype: torch.dtype,
+    dtype_name: str,
     n_rows: int,
     n_vocab: int,
     top_k: int,
     ids_per_row: int,
-) -> str:
-    """One table row: ours and naive, time, GB/s of the logits bytes, % of copy, ratio."""
+) -> Row:
+    """Ours and naive on one shape, timed in turn."""
     logits, sampled, token_ids, offsets = make_inputs(
-        n_rows, n_vocab, dtype, ids_per_row, timer.device
+        n_rows, n_vocab, _DTYPES[dtype_name], ids_per_row, timer.device
     )
     ours, naive = timer(
         lambda: gather_logprobs(logits, sampled, top_k, token_ids, offsets),
         lambda: naive_logprobs(logits, sampled, top_k, token_ids, offsets),
     )
     n_bytes = logits.numel() * logits.element_size()
-    cells = []
-    for seconds in (ours, naive):
-        rate = n_bytes / seconds
-        cells.append(f"{seconds * 1e6:9.1f} {rate / 1e9:7.1f} {100 * rate / copy:5.1f}%")
-    return f"{n_rows:>4} {n_vocab:>7} | {cells[0]} | {cells[1]} | {naive / ours:6.2f}x"
+    return Row(dtype_name, n_rows, n_vocab, ours, naive, n_bytes, copy)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[Row]:
+    """Print the check, the copy line and the table; return the table's rows."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batch-sizes", type=int, nargs="+")
@@ -173,7 +203,7 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, help="CPU threads for torch (on a busy machine, 1 is steadier)"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -200,13 +230,16 @@ def main() -> None:
     )
     print(header)
     print("-" * len(header))
+    rows = []
     for dtype_name in args.dtypes:
         for n_rows in batch_sizes:
             for n_vocab in vocab_sizes:
                 row = bench_shape(
-                    timer, copy, _DTYPES[dtype_name], n_rows, n_vocab, args.top_k, args.ids_per_row
+                    timer, copy, dtype_name, n_rows, n_vocab, args.top_k, args.ids_per_row
                 )
-                print(f"{dtype_name:>5} {row}", flush=True)
+                print(row.format(), flush=True)
+                rows.append(row)
+    return rows
 
 
 if __name__ == "__main__":

@@ -23,14 +23,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 import grpc
 import httpx
 import numpy as np
-import tritonclient.grpc.aio as grpcclient_aio
-from tritonclient.grpc import InferInput, InferRequestedOutput
-from tritonclient.utils import np_to_triton_dtype
 
 from backend import contract
 
 if TYPE_CHECKING:
+    # tritonclient is imported where used: the engine-alone target runs on the GPU image, which
+    # has none (docs/design.md, "The prepared GPU check").
+    import tritonclient.grpc.aio as grpcclient_aio
     from transformers import PreTrainedTokenizerBase
+    from tritonclient.grpc import InferInput
 
 PROMPT_LENGTHS = (16, 64, 128)
 OUTPUT_LENGTHS = (32, 64, 128)
@@ -106,6 +107,9 @@ class Target(Protocol):
 
 
 def _tensor(name: str, array: np.ndarray) -> InferInput:
+    from tritonclient.grpc import InferInput
+    from tritonclient.utils import np_to_triton_dtype
+
     tensor = InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
     tensor.set_data_from_numpy(array)
     return tensor
@@ -146,6 +150,8 @@ class TritonTarget:
     def client(self) -> grpcclient_aio.InferenceServerClient:
         """Made on first use: a gRPC aio channel belongs to the event loop it was made in."""
         if self._client is None:
+            import tritonclient.grpc.aio as grpcclient_aio
+
             self._client = grpcclient_aio.InferenceServerClient(
                 self._url, channel_args=_GRPC_CHANNEL_ARGS
             )
@@ -164,6 +170,8 @@ class TritonTarget:
         return inputs
 
     async def generate(self, spec: RequestSpec, first_token: FirstToken) -> int:
+        from tritonclient.grpc import InferRequestedOutput
+
         request = {
             "model_name": self._model,
             "inputs": self._inputs(spec),

@@ -54,16 +54,18 @@ class LLMConfig:
     max_logprob_token_ids: int = DEFAULT_MAX_LOGPROB_TOKEN_IDS
     max_tokens_per_response: int = 0
     """Most tokens one streamed response carries when the engine runs ahead; 0 = no cap."""
+    stream_interval_ms: int = 20
+    """While several requests stream, the least time between two responses of one request
+    (its first and last tokens go at once; a lone stream never waits); 0 = no waiting."""
     fast_decode: bool = True
     """Decode Llama-family models through `backend.fast_decode` (same math, less Python)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_logprobs <= MAX_TOP_K:
             raise ValueError(f"max_logprobs must be in [0, {MAX_TOP_K}], got {self.max_logprobs}")
-        if self.max_tokens_per_response < 0:
-            raise ValueError(
-                f"max_tokens_per_response must be >= 0, got {self.max_tokens_per_response}"
-            )
+        for name in ("max_tokens_per_response", "stream_interval_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
     @classmethod
     def from_model_config(cls, model_config: dict[str, Any], model_repository: str) -> LLMConfig:

@@ -2,16 +2,20 @@
 a response, a cancellation check or a metric (docs/design.md, "Streaming responses").
 
 The engine appends each step's output to the request's `Outbox` and goes on. The writer sends
-everything pending for a request as one response: while it keeps up, that is one token per
-response (a first token goes out at once, nothing waits to be merged); when the engine runs
-ahead, the tokens that piled up travel together, up to `max_tokens_per_response`. One thread,
-so a request's responses keep their order; FINAL goes with its last response, exactly once.
+everything pending for a request as one response, up to `max_tokens_per_response`. A first
+token, a last one and an error go out at once. While several requests stream, a request's
+next response waits until `stream_interval_s` after its previous one, so that it carries the
+tokens of several steps: each response costs the stub's one core tensors and an IPC round trip
+that the engine's steps would otherwise wait for. A lone stream never waits. One thread, so a
+request's responses keep their order; FINAL goes with its last response, exactly once.
 
 It knows nothing of pb_utils: a `Transport` (model.py's wraps Triton's response sender) sends.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import queue
 import threading
@@ -66,9 +70,16 @@ class Outbox(Generic[Request]):
         self._lock = threading.Lock()
         self._pending: list[StepOutput | _Error] = []
         self._queued = False
+        self.ending = False
+        """Its last output or its error is pending: it goes out now, whatever the interval."""
         self.cancelled = False
+        # Writer thread only:
         self.closed = False
-        """FINAL was sent (writer thread only)."""
+        """FINAL was sent."""
+        self.sent_at: float | None = None
+        """When its last data response went; None before the first."""
+        self.waiting = False
+        """It waits for its stream interval (it is in the writer's heap)."""
         self.checked_at = time.monotonic()
         """When Triton was last asked whether the request was cancelled."""
 
@@ -82,10 +93,13 @@ class Outbox(Generic[Request]):
         return self.cancelled
 
     def _put(self, item: StepOutput | _Error) -> None:
+        ends = isinstance(item, _Error) or item.finish_reason is not None
         with self._lock:
             self._pending.append(item)
-            wake = not self._queued
+            # A waiting outbox is queued already, but its end must not wait: queue it again.
+            wake = not self._queued or ends
             self._queued = True
+            self.ending = self.ending or ends
         if wake:
             self._ready.put(self)
 
@@ -110,11 +124,18 @@ class ResponseWriter(Generic[Request, Stats]):
         transport: Transport[Request],
         *,
         max_tokens_per_response: int = 0,
+        stream_interval_s: float = 0.0,
         on_stats: Callable[[Stats], None] | None = None,
     ) -> None:
-        """`max_tokens_per_response` 0: no cap."""
+        """`max_tokens_per_response` 0: no cap. `stream_interval_s` 0: no request waits."""
         self._transport = transport
         self._cap = max_tokens_per_response
+        self._interval = stream_interval_s
+        self._waiting: list[tuple[float, int, Outbox[Request]]] = []  # (due, order, outbox) heap
+        self._order = itertools.count()
+        self._streams = 0
+        """Requests that got their first response and not their last."""
+        self._stopping = False
         self._on_stats = on_stats
         self._ready: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._stats: Stats | None = None
@@ -149,8 +170,11 @@ class ResponseWriter(Generic[Request, Stats]):
 
     def _run(self) -> None:
         while True:
-            item = self._ready.get()
+            item = self._next()
             if item is _STOP:
+                self._stopping = True
+                while self._waiting:
+                    self._flush(heapq.heappop(self._waiting)[2])
                 self._flush_stats(force=True)
                 return
             try:
@@ -161,6 +185,30 @@ class ResponseWriter(Generic[Request, Stats]):
                     self._flush(item)
             except Exception:  # a bug here must not silence every stream
                 logger.exception("the response writer failed on one item")
+
+    def _next(self) -> object:
+        """An outbox whose interval is over, else what the queue brings first."""
+        while self._waiting:
+            due, _, box = self._waiting[0]
+            wait = due - time.monotonic()
+            if wait <= 0:
+                heapq.heappop(self._waiting)
+                box.waiting = False
+                return box
+            try:
+                return self._ready.get(timeout=wait)
+            except queue.Empty:
+                continue
+        return self._ready.get()
+
+    def _must_wait(self, box: Outbox[Request]) -> float | None:
+        """When `box` may send next, if that is later than now."""
+        if self._stopping or not self._interval or box.sent_at is None or box.ending:
+            return None
+        if self._streams < 2:
+            return None
+        due = box.sent_at + self._interval
+        return due if due > time.monotonic() else None
 
     def _flush_stats(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -174,9 +222,16 @@ class ResponseWriter(Generic[Request, Stats]):
             self._on_stats(stats)
 
     def _flush(self, box: Outbox[Request]) -> None:
-        items = box.take()
         if box.closed:
+            box.take()
             return
+        due = self._must_wait(box)
+        if due is not None:
+            if not box.waiting:
+                box.waiting = True
+                heapq.heappush(self._waiting, (due, next(self._order), box))
+            return
+        items = box.take()
         self._poll_cancelled(box)
         # The data before an error goes out first; nothing after the end does.
         end = next((i for i, item in enumerate(items) if isinstance(item, _Error)), len(items))
@@ -187,13 +242,21 @@ class ResponseWriter(Generic[Request, Stats]):
             self._transport.send(box.request, merged, final)
             self.responses_sent += 1
             self.tokens_sent += len(merged.token_ids)
+            if box.sent_at is None:
+                self._streams += 1
+            box.sent_at = time.monotonic()
             if final:
-                box.closed = True
+                self._close(box)
                 return
         error = items[end] if end < len(items) else None
         if isinstance(error, _Error):
             self._transport.send_error(box.request, error.message, error.kind)
-            box.closed = True
+            self._close(box)
+
+    def _close(self, box: Outbox[Request]) -> None:
+        box.closed = True
+        if box.sent_at is not None:
+            self._streams -= 1
 
     def _chunks(self, outputs: list[StepOutput]) -> list[list[StepOutput]]:
         if not outputs:

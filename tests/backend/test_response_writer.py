@@ -1,9 +1,11 @@
 """The response writer with a fake transport: one response per token while it keeps up, merged
-responses for a slow consumer, order, one FINAL under errors and cancellation, the cap, stats."""
+responses for a slow consumer, order, one FINAL under errors and cancellation, the cap, stats,
+and the stream interval (several streams wait between responses, a lone one and ends do not)."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -51,6 +53,7 @@ class FakeTransport:
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, StepOutput | str, bool]] = []
+        self.sent_at: list[float] = []
         self.gate: threading.Event | None = None
         self.entered = threading.Semaphore(0)
         self.changed = threading.Condition()
@@ -63,6 +66,7 @@ class FakeTransport:
             assert self.gate.wait(WAIT_S)
         with self.changed:
             self.sent.append(item)
+            self.sent_at.append(time.monotonic())
             self.changed.notify_all()
 
     def send(self, request: str, output: StepOutput, final: bool) -> None:
@@ -212,3 +216,79 @@ def test_the_latest_stats_reach_the_metrics_and_stop_flushes_them(
     writer.stop()
     assert published and published[-1] == 49
     assert published == sorted(published)  # snapshots in order, stale ones skipped
+
+
+def _responses(transport: FakeTransport) -> list[tuple[str, list[int] | str, bool]]:
+    return [(r, getattr(out, "token_ids", out), final) for r, out, final in transport.sent]
+
+
+@pytest.fixture
+def patient_writer(transport: FakeTransport) -> Iterator[ResponseWriter[str, int]]:
+    """A stream interval far longer than any test: what goes out did not wait for it."""
+    writer: ResponseWriter[str, int] = ResponseWriter(transport, stream_interval_s=3600)
+    writer.start()
+    yield writer
+    writer.stop()
+
+
+def test_several_streams_wait_their_interval_but_not_for_their_end(
+    patient_writer: ResponseWriter[str, int], transport: FakeTransport
+) -> None:
+    a, b = patient_writer.outbox("a"), patient_writer.outbox("b")
+    a.send(step(1, first=True))
+    b.send(step(1, first=True))
+    transport.wait_for(2)  # first tokens go at once
+    a.send(step(2))
+    a.send(step(3))
+    b.send(step(2))
+    a.send(step(4, final=True))  # the end goes at once, with what waited
+    transport.wait_for(3)
+    assert _responses(transport)[2] == ("a", [2, 3, 4], True)
+    b.send_error("the request was cancelled", kind=CANCELLED)
+    transport.wait_for(5)
+    assert _responses(transport)[3:] == [
+        ("b", [2], False),
+        ("b", "cancelled: the request was cancelled", True),
+    ]
+    assert patient_writer.responses_sent == 4 and patient_writer.tokens_sent == 6
+
+
+def test_a_lone_stream_never_waits(
+    patient_writer: ResponseWriter[str, int], transport: FakeTransport
+) -> None:
+    box = patient_writer.outbox("r")
+    for i in range(1, 4):
+        box.send(step(i, final=i == 3, first=i == 1))
+        transport.wait_for(i)
+    assert _responses(transport) == [("r", [1], False), ("r", [2], False), ("r", [3], True)]
+
+
+def test_a_waiting_response_goes_when_its_interval_is_over(transport: FakeTransport) -> None:
+    interval = 0.05
+    writer: ResponseWriter[str, int] = ResponseWriter(transport, stream_interval_s=interval)
+    writer.start()
+    try:
+        a, b = writer.outbox("a"), writer.outbox("b")
+        a.send(step(1, first=True))
+        b.send(step(1, first=True))
+        transport.wait_for(2)
+        a.send(step(2))
+        a.send(step(3))
+        transport.wait_for(3)
+        assert _responses(transport)[2] == ("a", [2, 3], False)
+        first_of_a = transport.sent_at[[r for r, _, _ in transport.sent].index("a")]
+        assert transport.sent_at[2] - first_of_a >= interval
+    finally:
+        writer.stop()
+
+
+def test_stop_sends_what_waits(transport: FakeTransport) -> None:
+    writer: ResponseWriter[str, int] = ResponseWriter(transport, stream_interval_s=3600)
+    writer.start()
+    a, b = writer.outbox("a"), writer.outbox("b")
+    a.send(step(1, first=True))
+    b.send(step(1, first=True))
+    transport.wait_for(2)
+    a.send(step(2))
+    writer.stop()
+    assert _responses(transport)[2:] == [("a", [2], False)]

@@ -158,6 +158,7 @@ class TritonPythonModel:
         self.writer: ResponseWriter[_Request, EngineStats] = ResponseWriter(
             _TritonTransport(self.logger),
             max_tokens_per_response=config.max_tokens_per_response,
+            stream_interval_s=config.stream_interval_ms / 1000,
             on_stats=self.metrics.update,
         )
         self.engine = Engine(

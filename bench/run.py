@@ -20,7 +20,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -149,6 +149,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=2,
         help="measured runs per scenario at most; the first quiet one is kept",
     )
+    parser.add_argument(
+        "--llm-parameter",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an `llm` config.pbtxt parameter for our stack (docs/configuration.md); repeatable",
+    )
     parser.add_argument("--no-peer", action="store_true", help="skip the `transformers serve` runs")
     parser.add_argument("--no-chat", action="store_true", help="skip the chat endpoint runs")
     parser.add_argument(
@@ -164,6 +171,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help=f"append a section to {RESULTS.relative_to(REPO_ROOT)}",
     )
     return parser.parse_args(argv)
+
+
+def llm_parameters(args: argparse.Namespace) -> dict[str, str]:
+    """`--llm-parameter NAME=VALUE` flags as a mapping."""
+    pairs = [item.partition("=") for item in args.llm_parameter]
+    bad = [name for name, equals, _ in pairs if not name or not equals]
+    if bad:
+        raise SystemExit(f"--llm-parameter takes NAME=VALUE, got {args.llm_parameter}")
+    return {name: value for name, _, value in pairs}
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -250,10 +266,13 @@ def run_ours(
     tmp: Path,
     vocab_size: int,
     chat: bool,
+    llm_parameters: Mapping[str, str],
 ) -> list[Summary]:
     """gRPC at every concurrency, the explicit ids at the reference one, then the adapter."""
     repository = write_repository(
-        tmp / "model_repository", model, {"max_num_seqs": str(plan.max_num_seqs)}
+        tmp / "model_repository",
+        model,
+        {"max_num_seqs": str(plan.max_num_seqs), **llm_parameters},
     )
     server = TritonServer(
         repository, http_port=0, grpc_port=0, metrics_port=0, log_path=tmp / "tritonserver.log"
@@ -455,7 +474,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
             summaries = run_engine_alone(model, plan, specs)
-            summaries += run_ours(model, plan, specs, Path(tmp), vocab_size, chat)
+            summaries += run_ours(
+                model, plan, specs, Path(tmp), vocab_size, chat, llm_parameters(args)
+            )
             if not args.no_peer:
                 summaries += run_peer(model, plan, specs, Path(tmp), chat)
     except KeyboardInterrupt:

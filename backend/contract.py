@@ -62,6 +62,7 @@ LOGIT_BIAS_VALUES = _tensor("LOGIT_BIAS_VALUES", "FP32", -1)  # as long as LOGIT
 ALLOWED_TOKEN_IDS = _tensor("ALLOWED_TOKEN_IDS", "INT32", -1)
 MIN_TOKENS = _tensor("MIN_TOKENS", "INT32", 1)
 INCLUDE_STOP_STR_IN_OUTPUT = _tensor("INCLUDE_STOP_STR_IN_OUTPUT", "BOOL", 1)
+STRUCTURED_OUTPUT = _tensor("STRUCTURED_OUTPUT", "STRING", 1)  # JSON: backend/structured_output.py
 
 # --- outputs: each streamed response carries the tokens since the last one (n) ------------------
 OUTPUT_IDS = _tensor("OUTPUT_IDS", "INT32", -1)  # [n]
@@ -112,6 +113,7 @@ GENERATION_INPUTS = (
     ALLOWED_TOKEN_IDS,
     MIN_TOKENS,
     INCLUDE_STOP_STR_IN_OUTPUT,
+    STRUCTURED_OUTPUT,
 )
 """The optional inputs of `llm` (and `ensemble`, which forwards them)."""
 # Output groups, so that a client asks only for what it reads (`requested_output_names`).

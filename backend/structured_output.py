@@ -1,0 +1,84 @@
+"""The `STRUCTURED_OUTPUT` input: which shape a request's output must take, as JSON both sides
+read and write (docs/tensors.md). Imports nothing heavy: the adapter builds it, the engine
+parses it and compiles it (`backend.grammar`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+CHOICE = "choice"
+REGEX = "regex"
+JSON = "json"
+JSON_OBJECT = "json_object"
+GRAMMAR = "grammar"
+KINDS = (CHOICE, REGEX, JSON, JSON_OBJECT, GRAMMAR)
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """`value`: the choices (a tuple of strings), the regex, the JSON schema (as canonical
+    JSON text, so that equal schemas are one cache key) or the EBNF grammar; "" for
+    `json_object`."""
+
+    kind: str
+    value: Any
+    disable_any_whitespace: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"`type` must be one of {', '.join(KINDS)}; got {self.kind!r}")
+        if self.kind == CHOICE:
+            if not self.value or not all(isinstance(c, str) and c for c in self.value):
+                raise ValueError("`choice` must be a non-empty list of non-empty strings")
+        elif self.kind in (REGEX, GRAMMAR):
+            if not isinstance(self.value, str) or not self.value:
+                raise ValueError(f"`{self.kind}` must be a non-empty string")
+        elif self.kind == JSON and not isinstance(self.value, str):
+            raise ValueError("a JSON schema is held as JSON text")
+
+    @classmethod
+    def json_schema(cls, schema: Any, disable_any_whitespace: bool = False) -> StructuredOutput:
+        if not isinstance(schema, dict | bool):
+            kind = type(schema).__name__
+            raise ValueError(f"a JSON schema is an object or a boolean, got {kind}")
+        return cls(JSON, json.dumps(schema, sort_keys=True), disable_any_whitespace)
+
+    def to_json(self) -> str:
+        body: dict[str, Any] = {"type": self.kind}
+        if self.kind == CHOICE:
+            body["value"] = list(self.value)
+        elif self.kind == JSON:
+            body["value"] = json.loads(self.value)
+        elif self.kind != JSON_OBJECT:
+            body["value"] = self.value
+        if self.disable_any_whitespace:
+            body["disable_any_whitespace"] = True
+        return json.dumps(body)
+
+    @classmethod
+    def from_json(cls, text: str) -> StructuredOutput:
+        """Raises ValueError with a message for the caller (INVALID_ARG in Triton)."""
+        try:
+            body = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise ValueError('a JSON object is expected: {"type": ..., "value": ...}')
+        unknown = sorted(set(body) - {"type", "value", "disable_any_whitespace"})
+        if unknown:
+            raise ValueError(f"unknown keys {unknown}")
+        kind, value = str(body.get("type")), body.get("value")
+        whitespace = body.get("disable_any_whitespace", False)
+        if not isinstance(whitespace, bool):
+            raise ValueError("`disable_any_whitespace` must be a boolean")
+        if kind == JSON:
+            return cls.json_schema(value, whitespace)
+        if kind == JSON_OBJECT:
+            if value is not None:
+                raise ValueError("`json_object` takes no `value`")
+            return cls(JSON_OBJECT, "", whitespace)
+        if kind == CHOICE and isinstance(value, list):
+            value = tuple(value)
+        return cls(kind, value, whitespace)

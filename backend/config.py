@@ -57,6 +57,10 @@ class LLMConfig:
     stream_interval_ms: int = 20
     """While several requests stream, the least time between two responses of one request
     (its first and last tokens go at once; a lone stream never waits); 0 = no waiting."""
+    grammar_cache_size: int = 64
+    """Compiled structured-output grammars kept (least recently used ones go first)."""
+    grammar_compile_timeout_ms: int = 10000
+    """A request whose structured output takes longer to compile gets INVALID_ARG."""
     fast_decode: bool = True
     """Decode Llama-family models through `backend.fast_decode` (same math, less Python)."""
 
@@ -66,6 +70,9 @@ class LLMConfig:
         for name in ("max_tokens_per_response", "stream_interval_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("grammar_cache_size", "grammar_compile_timeout_ms"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     @classmethod
     def from_model_config(cls, model_config: dict[str, Any], model_repository: str) -> LLMConfig:

@@ -12,23 +12,31 @@ import logging
 import queue
 import random
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 import torch
 
-from backend.contract import DEFAULT_MAX_LOGPROB_TOKEN_IDS, DEFAULT_MAX_LOGPROBS
+from backend.contract import DEFAULT_MAX_LOGPROB_TOKEN_IDS, DEFAULT_MAX_LOGPROBS, STRUCTURED_OUTPUT
 from backend.detokenizer import IncrementalDetokenizer
 from backend.model_runner import ModelRunner
-from backend.outputs import BUSY, CANCELLED, INTERNAL, PromptLogprobs, StepOutput
+from backend.outputs import BUSY, CANCELLED, INTERNAL, INVALID, PromptLogprobs, StepOutput
 from backend.params import EngineLimits, GenerationParams
 from backend.sampling import RowState, batch_from_rows, sample
 from backend.stopping import LENGTH, STOP, StopStringMatcher, token_stop_reason
 from backend.token_bytes import special_token_ids, token_bytes_table
 from kernels import gather_logprobs
 from kernels.logprobs import warmup as warmup_kernels
+
+if TYPE_CHECKING:  # xgrammar is imported when a request first asks for a structured output
+    import xgrammar as xgr
+
+    from backend.grammar import GrammarCompiler, TokenBitmask
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +63,24 @@ class EngineStats:
     generated_tokens: int = 0
     cancelled_requests: int = 0
     finished_requests: int = 0
+    grammar_compiles: int = 0
+    grammar_compile_seconds: float = 0.0
+    grammar_cache_hits: int = 0
+
+
+@dataclass
+class _Pending:
+    """A submitted request not yet in the batch; `grammar` is its structured output's compile."""
+
+    params: GenerationParams
+    sink: OutputSink
+    grammar: Future[xgr.CompiledGrammar] | None = None
+    deadline: float = 0.0
+    """When a compile still running makes the request fail (monotonic seconds)."""
+
+
+_WAKE = object()
+"""Put on the queue when a compile ends, so that an idle engine admits its request at once."""
 
 
 @dataclass
@@ -75,6 +101,7 @@ class _Sequence:
     token_ids_tensor: torch.Tensor | None = None
     last_token: int = -1
     finished: bool = False
+    matcher: xgr.GrammarMatcher | None = None
 
     def next_logits(self) -> torch.Tensor:
         """The logits the next token is sampled from (set by prefill, then by each decode)."""
@@ -104,10 +131,18 @@ class Engine:
         max_logprob_token_ids: int = DEFAULT_MAX_LOGPROB_TOKEN_IDS,
         max_queue_size: int = 256,
         on_stats: Callable[[EngineStats], None] | None = None,
+        grammar_cache_size: int = 64,
+        grammar_compile_timeout_s: float = 10.0,
     ) -> None:
-        """`max_queue_size`: requests waiting for a slot beyond which new ones are refused."""
+        """`max_queue_size`: requests waiting for a slot beyond which new ones are refused.
+        `grammar_compile_timeout_s`: a request whose structured output takes longer to compile
+        is refused (the compile goes on, and its grammar is cached)."""
         self.runner = runner
         self.max_queue_size = max_queue_size
+        self.grammar_compile_timeout_s = grammar_compile_timeout_s
+        self.grammar_cache_size = grammar_cache_size
+        self._grammars: GrammarCompiler | None = None
+        self._bitmask: TokenBitmask | None = None
         self.limits = EngineLimits(
             vocab_size=runner.vocab_size,
             max_model_len=runner.max_model_len,
@@ -118,7 +153,11 @@ class Engine:
         self._skip_ids = special_token_ids(runner.tokenizer)
         self._on_stats = on_stats
         self.stats = EngineStats()
-        self._incoming: queue.Queue[tuple[GenerationParams, OutputSink]] = queue.Queue()
+        self._incoming: queue.Queue[_Pending | object] = queue.Queue()
+        self._compiling: list[_Pending] = []
+        """Out of the batch until their grammar is compiled."""
+        self._compiled: deque[_Pending] = deque()
+        """Compiled, waiting for a slot; admitted before newer requests."""
         self._active: list[_Sequence] = []
         # The last decode's logits [B, V] and the sequences of its rows: reused as the next
         # step's batch while membership is unchanged, instead of re-stacking the rows.
@@ -148,9 +187,17 @@ class Engine:
         for seq in self._active:
             seq.sink.send_error("the model is shutting down")
         self._active.clear()
+        waiting = [*self._compiling, *self._compiled]
+        self._compiling.clear()
+        self._compiled.clear()
         while not self._incoming.empty():
-            _, sink = self._incoming.get_nowait()
-            sink.send_error("the model is shutting down")
+            item = self._incoming.get_nowait()
+            if isinstance(item, _Pending):
+                waiting.append(item)
+        for pending in waiting:
+            pending.sink.send_error("the model is shutting down")
+        if self._grammars is not None:
+            self._grammars.close()
 
     def submit(self, params: GenerationParams, sink: OutputSink) -> None:
         """Queue a validated request; responses go to `sink` from the engine thread."""
@@ -161,7 +208,26 @@ class Engine:
                 kind=BUSY,
             )
             return
-        self._incoming.put((params, sink))
+        pending = _Pending(params, sink)
+        if params.structured_output is not None:
+            pending.grammar = self._grammar_compiler().compile(params.structured_output)
+            pending.deadline = time.monotonic() + self.grammar_compile_timeout_s
+            if not pending.grammar.done():
+                pending.grammar.add_done_callback(lambda _: self._incoming.put(_WAKE))
+        self._incoming.put(pending)
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        """Made on the first structured-output request: only then is xgrammar imported (an
+        image without it serves everything else)."""
+        if self._grammars is None:
+            from backend.grammar import GrammarCompiler, TokenBitmask
+
+            runner = self.runner
+            self._bitmask = TokenBitmask(runner.num_slots, runner.vocab_size)
+            self._grammars = GrammarCompiler(
+                runner.tokenizer, runner.vocab_size, runner.eos_ids, self.grammar_cache_size
+            )
+        return self._grammars
 
     # --- engine thread ------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -178,22 +244,58 @@ class Engine:
             self._publish_stats()
 
     def _admit(self) -> None:
-        block = not self._active
+        self._sort_compiling()
+        block = not self._active and not self._compiled
         while len(self._active) < self.runner.num_slots:
+            if self._compiled:
+                pending = self._compiled.popleft()
+            else:
+                try:
+                    item = self._incoming.get(timeout=0.05 if block else None, block=block)
+                except queue.Empty:
+                    return
+                block = False
+                if not isinstance(item, _Pending):  # _WAKE: a compile ended
+                    self._sort_compiling()
+                    continue
+                if item.grammar is not None and not item.grammar.done():
+                    self._compiling.append(item)
+                    continue
+                pending = item
             try:
-                params, sink = (
-                    self._incoming.get(timeout=0.05) if block else (self._incoming.get_nowait())
-                )
-            except queue.Empty:
-                return
-            block = False
-            try:
-                self._start_sequence(params, sink)
+                self._start_sequence(pending)
             except Exception as exc:  # not yet in `_active`: answer it here, or it never ends
-                logger.exception("request %s failed to start", params.request_id)
-                sink.send_error(f"internal error: {exc}")
+                logger.exception("request %s failed to start", pending.params.request_id)
+                pending.sink.send_error(f"internal error: {exc}")
 
-    def _start_sequence(self, params: GenerationParams, sink: OutputSink) -> None:
+    def _sort_compiling(self) -> None:
+        """Compiled requests join `_compiled`; those past their deadline are refused."""
+        if not self._compiling:
+            return
+        now, still = time.monotonic(), []
+        for pending in self._compiling:
+            assert pending.grammar is not None
+            if pending.grammar.done():
+                self._compiled.append(pending)
+            elif now >= pending.deadline:
+                pending.sink.send_error(
+                    f"{STRUCTURED_OUTPUT}: compiling it took longer than "
+                    f"{self.grammar_compile_timeout_s:g} s (grammar_compile_timeout_ms)",
+                    kind=INVALID,
+                )
+            else:
+                still.append(pending)
+        self._compiling = still
+
+    def _start_sequence(self, pending: _Pending) -> None:
+        params, sink = pending.params, pending.sink
+        matcher = None
+        if pending.grammar is not None:
+            try:
+                matcher = self._grammar_compiler().matcher(pending.grammar.result())
+            except ValueError as exc:  # it does not compile
+                sink.send_error(f"{STRUCTURED_OUTPUT}: {exc}", kind=INVALID)
+                return
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         stop_ids = frozenset(params.stop_token_ids)
         if not params.ignore_eos:
@@ -205,6 +307,7 @@ class Engine:
             detokenizer=IncrementalDetokenizer(self.token_bytes, self._skip_ids),
             stop_matcher=StopStringMatcher(params.stop, params.include_stop_str_in_output),
             stop_ids=stop_ids,
+            matcher=matcher,
         )
         if params.logprob_token_ids:
             seq.token_ids_tensor = torch.tensor(params.logprob_token_ids, dtype=torch.int32)
@@ -258,6 +361,9 @@ class Engine:
             return
         logits = self._batch_logits(rows)
         batch = batch_from_rows([s.sampling for s in rows], self.runner.vocab_size, logits.device)
+        constrained = [(row, s.matcher) for row, s in enumerate(rows) if s.matcher is not None]
+        if constrained and self._bitmask is not None:
+            batch.grammar_mask = self._bitmask.fill(constrained)
         sampled = sample(logits, batch)
         gathered = self._gather(logits, sampled, rows)
         sampled_ids = sampled.tolist()
@@ -341,7 +447,19 @@ class Engine:
         seq.last_token = token
         seq.sampling.observe(token)
         self.stats.generated_tokens += 1
-        text, reason = self._new_text(seq, token, self._token_stop_reason(seq, token))
+        reason = self._token_stop_reason(seq, token)
+        if seq.matcher is not None:
+            if not seq.matcher.accept_token(token):  # every allowed id was banned otherwise
+                seq.finished = True
+                seq.sink.send_error(
+                    f"{STRUCTURED_OUTPUT}: no token fits both the structured output and "
+                    "ALLOWED_TOKEN_IDS, LOGIT_BIAS_IDS or MIN_TOKENS",
+                    kind=INVALID,
+                )
+                return
+            if reason is None and seq.matcher.is_terminated():
+                reason = STOP
+        text, reason = self._new_text(seq, token, reason)
         output = self._step_output(seq, token, text, reason, self._row_logprobs(seq, row, gathered))
         if reason is None:
             seq.sink.send(output)
@@ -458,7 +576,14 @@ class Engine:
 
     def _publish_stats(self) -> None:
         self.stats.active_sequences = len(self._active)
-        self.stats.waiting_requests = self._incoming.qsize()
+        self.stats.waiting_requests = (
+            self._incoming.qsize() + len(self._compiling) + len(self._compiled)
+        )
+        if self._grammars is not None:
+            grammars = self._grammars.stats
+            self.stats.grammar_compiles = grammars.compiles
+            self.stats.grammar_compile_seconds = grammars.compile_seconds
+            self.stats.grammar_cache_hits = grammars.cache_hits
         self.stats.kv_cache_usage = len(self._active) / self.runner.num_slots
         if self._on_stats is not None:
             self._on_stats(replace(self.stats))  # a snapshot for another thread

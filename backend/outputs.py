@@ -13,6 +13,8 @@ import numpy as np
 INTERNAL = "internal"
 CANCELLED = "cancelled"
 BUSY = "busy"
+INVALID = "invalid"
+"""Input found bad only once the engine worked on it (a grammar that does not compile)."""
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from backend.contract import DEFAULT_MAX_LOGPROB_TOKEN_IDS, DEFAULT_MAX_LOGPROBS
+from backend.structured_output import StructuredOutput
 
 
 class InvalidInputError(ValueError):
@@ -66,6 +67,8 @@ class GenerationParams:
     min_tokens: int = 0
     """EOS and stop ids cannot be sampled before this many tokens were generated."""
     include_stop_str_in_output: bool = False
+    structured_output: StructuredOutput | None = None
+    """The shape the output must take; the request ends with `stop` once it is complete."""
     request_id: str = ""
 
     @property

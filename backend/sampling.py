@@ -1,19 +1,24 @@
 """One vectorised sampling step for a batch of rows, each with its own parameters.
 
-Penalties, logit bias, allowed ids and min-tokens bans, then temperature, top-k and top-p, are
-applied as tensors over the batch, on a copy: the raw logits stay for logprobs. Randomness comes
-from each request's own `torch.Generator` (exponential race: argmax(p / q), q ~ Exp(1), which is
-sampling from p), so a seeded request draws the same tokens whatever else is in the batch.
+Penalties, logit bias, allowed ids, min-tokens bans and grammar masks, then temperature, top-k
+and top-p, are applied as tensors over the batch, on a copy: the raw logits stay for logprobs.
+Randomness comes from each request's own `torch.Generator` (exponential race: argmax(p / q),
+q ~ Exp(1), which is sampling from p), so a seeded request draws the same tokens whatever else is
+in the batch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from backend.params import GenerationParams
+
+if TYPE_CHECKING:
+    from backend.grammar import RowMask
 
 
 @dataclass
@@ -24,6 +29,8 @@ class SamplingBatch:
     generators: list[torch.Generator]
     penalties: Penalties | None = None
     bias: torch.Tensor | None = None  # [B, V] added to the logits (-inf bans an id)
+    grammar_mask: RowMask | None = None
+    """The structured-output rows' allowed next tokens (backend.grammar)."""
 
 
 @dataclass
@@ -117,7 +124,8 @@ def batch_from_rows(rows: list[RowState], vocab_size: int, device: torch.device)
 
 
 def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Float32 logits after penalties and bias (a new tensor; `logits` is not modified)."""
+    """Float32 logits after penalties, bias and grammar masks (a new tensor; `logits` is not
+    modified)."""
     out = logits.float().clone()
     penalties = batch.penalties
     if penalties is not None:
@@ -131,6 +139,8 @@ def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         out -= penalties.presence.unsqueeze(-1) * (counts > 0).float()
     if batch.bias is not None:
         out += batch.bias
+    if batch.grammar_mask is not None:
+        batch.grammar_mask.apply(out)
     return out
 
 
@@ -161,7 +171,7 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Token ids [B] from logits [B, V] (not modified)."""
-    if batch.penalties is not None or batch.bias is not None:
+    if batch.penalties is not None or batch.bias is not None or batch.grammar_mask is not None:
         logits = process_logits(logits, batch)
     greedy = batch.temperature <= 0
     if bool(greedy.all()):

@@ -45,6 +45,7 @@ from backend.contract import (
     SEED,
     STOP,
     STOP_TOKEN_IDS,
+    STRUCTURED_OUTPUT,
     TEMPERATURE,
     TEXT_OUTPUT,
     TOP_K,
@@ -54,6 +55,7 @@ from backend.contract import (
     TOP_P,
 )
 from backend.params import EngineLimits, GenerationParams, InvalidInputError
+from backend.structured_output import StructuredOutput
 
 if TYPE_CHECKING:
     from backend.outputs import PromptLogprobs, StepOutput
@@ -151,7 +153,21 @@ def parse_request(
     params.prompt_logprobs = _top_k_count(arrays, PROMPT_LOGPROBS, limits)
     params.prompt_logprob_token_ids = _explicit_ids(arrays, PROMPT_LOGPROB_TOKEN_IDS, limits)
     _parse_logits_processing(arrays, params, limits)
+    params.structured_output = _structured_output(arrays)
     return params
+
+
+def _structured_output(arrays: Mapping[str, np.ndarray]) -> StructuredOutput | None:
+    """Its shape only: whether the spec compiles is known later (backend.grammar)."""
+    texts = _strings(arrays, STRUCTURED_OUTPUT)
+    if not texts:
+        return None
+    if len(texts) != 1:
+        raise InvalidInputError(STRUCTURED_OUTPUT, f"holds {len(texts)} specs, one is allowed")
+    try:
+        return StructuredOutput.from_json(texts[0])
+    except ValueError as exc:
+        raise InvalidInputError(STRUCTURED_OUTPUT, str(exc)) from None
 
 
 def _top_k_count(arrays: Mapping[str, np.ndarray], name: str, limits: EngineLimits) -> int | None:

@@ -18,7 +18,7 @@ import triton_python_backend_utils as pb_utils
 from backend.config import RESTARTS_ENV, LLMConfig
 from backend.engine import Engine, EngineStats
 from backend.model_runner import ModelRunner
-from backend.outputs import BUSY, CANCELLED, StepOutput
+from backend.outputs import BUSY, CANCELLED, INVALID, StepOutput
 from backend.params import GenerationParams, InvalidInputError
 from backend.response_writer import ResponseWriter
 from backend.triton_io import output_arrays, parse_request
@@ -28,7 +28,11 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 def _error_code(kind: str) -> int:
     """pb_utils' classes exist only once the stub has imported this file: look them up late."""
-    codes = {CANCELLED: pb_utils.TritonError.CANCELLED, BUSY: pb_utils.TritonError.UNAVAILABLE}
+    codes = {
+        CANCELLED: pb_utils.TritonError.CANCELLED,
+        BUSY: pb_utils.TritonError.UNAVAILABLE,
+        INVALID: pb_utils.TritonError.INVALID_ARG,
+    }
     return codes.get(kind, pb_utils.TritonError.INTERNAL)
 
 
@@ -107,6 +111,19 @@ class _Metrics:
             "finished_requests": pb_utils.MetricFamily(
                 "llm_finished_requests_total", "Requests that finished generating", counter
             ),
+            "grammar_compiles": pb_utils.MetricFamily(
+                "llm_grammar_compiles_total", "Structured-output grammars compiled", counter
+            ),
+            "grammar_compile_seconds": pb_utils.MetricFamily(
+                "llm_grammar_compile_seconds_total",
+                "Time spent compiling structured-output grammars",
+                counter,
+            ),
+            "grammar_cache_hits": pb_utils.MetricFamily(
+                "llm_grammar_cache_hits_total",
+                "Structured-output requests whose grammar was already compiled",
+                counter,
+            ),
         }
         self._metrics = {
             key: family.Metric(labels=labels) for key, family in self._families.items()
@@ -167,6 +184,8 @@ class TritonPythonModel:
             max_logprob_token_ids=config.max_logprob_token_ids,
             max_queue_size=config.max_queue_size,
             on_stats=self.writer.publish_stats,
+            grammar_cache_size=config.grammar_cache_size,
+            grammar_compile_timeout_s=config.grammar_compile_timeout_ms / 1000,
         )
         self.writer.start()
         self.engine.start()

@@ -1,0 +1,280 @@
+"""Structured outputs in the engine (xgrammar): every kind's output takes its shape at
+temperature 0 and 1 and ends with `stop`, constrained and free rows batched equal each alone,
+logprobs stay raw, bad specs are INVALID, compiles are cached and time out, slots are freed."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+
+from backend import contract
+from backend.default_model import PASSAGE
+from backend.engine import Engine
+from backend.model_runner import ModelRunner
+from backend.outputs import CANCELLED, INVALID
+from backend.params import EngineLimits, GenerationParams, InvalidInputError
+from backend.structured_output import StructuredOutput
+from backend.triton_io import parse_request
+from tests.backend.test_batching import RecordingSink, run
+from tests.reference import reference_logprobs, tokenizer
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "label": {"enum": ["positive", "negative", "neutral"]},
+        "score": {"type": "integer", "minimum": 0, "maximum": 9},
+        "sure": {"type": "boolean"},
+    },
+    "required": ["label", "score", "sure"],
+    "additionalProperties": False,
+}
+CHOICES = ("yes", "no", "maybe not")
+REGEX = r"[0-9]{3}-[a-z]{2}"
+SPECS = {
+    "choice": StructuredOutput("choice", CHOICES),
+    "regex": StructuredOutput("regex", REGEX),
+    "json": StructuredOutput.json_schema(SCHEMA, disable_any_whitespace=True),
+    "json_object": StructuredOutput("json_object", "", disable_any_whitespace=True),
+    "grammar": StructuredOutput("grammar", 'root ::= "x" [0-9] [0-9]? "y"'),
+}
+
+
+def conforms(kind: str, text: str) -> bool:
+    if kind == "choice":
+        return text in CHOICES
+    if kind == "regex":
+        return re.fullmatch(REGEX, text) is not None
+    if kind == "grammar":
+        return re.fullmatch(r"x[0-9][0-9]?y", text) is not None
+    value = json.loads(text)
+    if kind == "json":
+        jsonschema.validate(value, SCHEMA)
+    return isinstance(value, dict)
+
+
+@pytest.fixture(scope="module")
+def runner(model_dir: Path) -> ModelRunner:
+    return ModelRunner(str(model_dir), max_num_seqs=16, max_model_len=256)
+
+
+@pytest.fixture
+def engine(runner: ModelRunner):
+    engine = Engine(runner)
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def _prompt(model_dir: Path) -> list[int]:
+    """A prompt whose greedy `json_object` closes at once (the model is built deterministically)."""
+    return tokenizer(model_dir)("Triton serves the model")["input_ids"]
+
+
+def _text(sink: RecordingSink) -> str:
+    return "".join(out.text for out in sink.outputs)
+
+
+@pytest.mark.parametrize("kind", sorted(SPECS))
+def test_every_kind_takes_its_shape_and_ends_with_stop(engine, model_dir, kind: str) -> None:
+    """Sampled too, but for `json_object`: any object has no end a small random model must reach
+    (keys and strings go on), while the others' shapes are bounded."""
+    prompt = _prompt(model_dir)
+    hot = [] if kind == "json_object" else [(1.0, 1), (1.0, 2), (1.0, 3)]
+    requests = [
+        GenerationParams(
+            prompt_ids=prompt,
+            max_tokens=64,
+            temperature=temperature,
+            seed=seed,
+            structured_output=SPECS[kind],
+        )
+        for temperature, seed in [(0.0, None), *hot]
+    ]
+    for sink in run(engine, requests):
+        assert sink.error is None, sink.error
+        assert sink.outputs[-1].finish_reason == "stop", _text(sink)
+        assert conforms(kind, _text(sink)), _text(sink)
+
+
+def test_constrained_and_free_rows_together_equal_each_alone(engine, model_dir) -> None:
+    passage = tokenizer(model_dir)(PASSAGE)["input_ids"]
+    kinds = sorted(SPECS)
+    requests = [
+        GenerationParams(
+            prompt_ids=passage[i : i + 3 + 2 * i],
+            max_tokens=24,
+            temperature=0.0,
+            logprobs=2,
+            structured_output=SPECS[kinds[i % len(kinds)]] if i % 2 else None,
+        )
+        for i in range(16)
+    ]
+    alone = [run(engine, [params])[0] for params in requests]
+    together = run(engine, requests)
+    complete = 0
+    for one, many, params in zip(alone, together, requests, strict=True):
+        assert many.error is None and many.token_ids == one.token_ids
+        assert _text(many) == _text(one)
+        spec = params.structured_output
+        if spec is not None and many.outputs[-1].finish_reason == "stop":  # else cut at 24
+            assert conforms(spec.kind, _text(many)), _text(many)
+            complete += 1
+    assert complete >= 4
+
+
+def test_logprobs_stay_the_raw_log_softmax(engine, model_dir) -> None:
+    """The mask changes what is sampled, not what is reported (as with logit_bias)."""
+    prompt = _prompt(model_dir)
+    ids = [5, 17, 300]
+    params = GenerationParams(
+        prompt_ids=prompt,
+        max_tokens=16,
+        temperature=0.0,
+        logprobs=3,
+        logprob_token_ids=ids,
+        structured_output=SPECS["regex"],
+    )
+    [sink] = run(engine, [params])
+    ref = reference_logprobs(model_dir, prompt, sink.token_ids)
+    positions = np.arange(len(sink.token_ids))
+    np.testing.assert_allclose(sink.logprobs, ref[positions, sink.token_ids], atol=1e-4)
+    np.testing.assert_allclose(sink.id_logprobs, ref[:, ids], atol=1e-4)
+    # The grammar forced tokens that are not the model's own first choice somewhere.
+    assert any(ref[p].argmax() != token for p, token in enumerate(sink.token_ids))
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (StructuredOutput("regex", "[0-9"), "regex does not compile"),
+        (StructuredOutput("grammar", "root ::= "), "grammar does not compile"),
+        (StructuredOutput.json_schema({"type": "nonsense"}), "json does not compile"),
+    ],
+)
+def test_a_spec_that_does_not_compile_is_invalid_and_the_engine_goes_on(
+    engine, model_dir, spec: StructuredOutput, message: str
+) -> None:
+    bad, good = RecordingSink(), RecordingSink()
+    prompt = _prompt(model_dir)
+    run(
+        engine,
+        [
+            GenerationParams(prompt_ids=prompt, max_tokens=8, structured_output=spec),
+            GenerationParams(prompt_ids=prompt, max_tokens=8, temperature=0.0),
+        ],
+        [bad, good],
+    )
+    assert bad.kind == INVALID and bad.error is not None
+    assert bad.error.startswith(f"{contract.STRUCTURED_OUTPUT}: {message}"), bad.error
+    assert good.error is None and len(good.token_ids) == 8
+
+
+def test_a_grammar_is_compiled_once_then_cached(engine, model_dir) -> None:
+    spec = StructuredOutput("choice", ("alpha", "beta"))
+    prompt = _prompt(model_dir)
+    for _ in range(3):
+        run(engine, [GenerationParams(prompt_ids=prompt, max_tokens=8, structured_output=spec)])
+    engine._publish_stats()
+    assert (engine.stats.grammar_compiles, engine.stats.grammar_cache_hits) == (1, 2)
+    assert engine.stats.grammar_compile_seconds > 0
+
+
+def test_a_compile_past_the_limit_is_refused_and_others_are_served(
+    runner, model_dir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = Engine(runner, grammar_compile_timeout_s=0.2)
+    release = threading.Event()
+    compiler = engine._grammar_compiler()
+    build = compiler._build
+    monkeypatch.setattr(compiler, "_build", lambda spec: release.wait(60) and build(spec))
+    engine.start()
+    try:
+        prompt = _prompt(model_dir)
+        slow, free = RecordingSink(), RecordingSink()
+        spec = SPECS["regex"]
+        run(
+            engine,
+            [
+                GenerationParams(prompt_ids=prompt, max_tokens=8, structured_output=spec),
+                GenerationParams(prompt_ids=prompt, max_tokens=8, temperature=0.0),
+            ],
+            [slow, free],
+        )
+        assert slow.kind == INVALID and "took longer than 0.2 s" in (slow.error or "")
+        assert free.error is None and len(free.token_ids) == 8
+        release.set()  # the compile ends; its grammar is cached for the next request
+        [again] = run(
+            engine, [GenerationParams(prompt_ids=prompt, max_tokens=8, structured_output=spec)]
+        )
+        assert again.error is None and conforms("regex", _text(again))
+    finally:
+        release.set()
+        engine.stop()
+
+
+def test_a_cancelled_constrained_stream_frees_its_slot(runner, model_dir) -> None:
+    engine = Engine(ModelRunner(str(model_dir), max_num_seqs=1, max_model_len=256))
+    engine.start()
+    try:
+        endless = StructuredOutput("regex", "a{500}")  # no end within max_tokens
+        prompt = _prompt(model_dir)
+        cancelled, after = RecordingSink(cancel_after=3), RecordingSink()
+        run(
+            engine,
+            [
+                GenerationParams(
+                    prompt_ids=prompt, max_tokens=200, ignore_eos=True, structured_output=endless
+                ),
+                GenerationParams(prompt_ids=prompt, max_tokens=5, temperature=0.0),
+            ],
+            [cancelled, after],
+        )
+    finally:
+        engine.stop()
+    assert cancelled.kind == CANCELLED and set(_text(cancelled)) == {"a"}
+    assert after.error is None and len(after.token_ids) == 5
+    assert engine.stats.active_sequences == 0
+
+
+def _arrays(spec: str | None) -> dict[str, np.ndarray]:
+    arrays = {contract.INPUT_IDS: np.array([1, 2, 3], dtype=np.int32)}
+    if spec is not None:
+        arrays[contract.STRUCTURED_OUTPUT] = np.array([spec.encode()], dtype=object)
+    return arrays
+
+
+def test_the_tensor_parses_into_the_spec() -> None:
+    limits = EngineLimits(vocab_size=1024, max_model_len=64)
+    for spec in SPECS.values():
+        params = parse_request(_arrays(spec.to_json()), limits)
+        assert params.structured_output == spec
+    assert parse_request(_arrays(None), limits).structured_output is None
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("not json", "not JSON"),
+        ('["choice"]', "a JSON object is expected"),
+        ('{"type": "xml", "value": "x"}', "`type` must be one of"),
+        ('{"type": "choice", "value": []}', "`choice` must be a non-empty list"),
+        ('{"type": "choice", "value": ["a", ""]}', "`choice` must be a non-empty list"),
+        ('{"type": "regex", "value": ""}', "`regex` must be a non-empty string"),
+        ('{"type": "json", "value": 3}', "a JSON schema is an object or a boolean"),
+        ('{"type": "json_object", "value": "x"}', "`json_object` takes no `value`"),
+        ('{"type": "regex", "value": "a", "extra": 1}', "unknown keys ['extra']"),
+        ('{"type": "regex", "value": "a", "disable_any_whitespace": 1}', "must be a boolean"),
+    ],
+)
+def test_a_malformed_tensor_is_invalid_input(text: str, message: str) -> None:
+    limits = EngineLimits(vocab_size=1024, max_model_len=64)
+    with pytest.raises(InvalidInputError) as error:
+        parse_request(_arrays(text), limits)
+    assert error.value.parameter == contract.STRUCTURED_OUTPUT
+    assert message in str(error.value)

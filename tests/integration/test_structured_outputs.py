@@ -214,7 +214,6 @@ def test_a_spec_that_does_not_compile_is_invalid_arg_over_http(triton_server) ->
         status = response.status
     except urllib.error.HTTPError as error:
         status, text = error.code, error.read().decode()
-    # A decoupled model's error after the stream opened arrives as an SSE error event.
     assert status == 400, (status, text)
     assert "STRUCTURED_OUTPUT: regex does not compile" in text
 

@@ -20,6 +20,7 @@ from backend.engine import Engine
 from backend.model_runner import ModelRunner
 from backend.outputs import StepOutput
 from backend.params import GenerationParams
+from backend.structured_output import StructuredOutput
 from bench.environment import OthersCpu
 from bench.loadgen import FirstToken, RequestSpec, Summary, make_workload, run_load
 
@@ -56,7 +57,8 @@ class _CountingSink:
 
 
 class EngineTarget:
-    """Greedy, `IGNORE_EOS`, token-id prompts: the same requests `TritonTarget` sends."""
+    """Greedy, `IGNORE_EOS`, token-id prompts: the same requests `TritonTarget` sends, each with
+    `structured_output` when set (bench.structured_bench)."""
 
     def __init__(
         self,
@@ -78,6 +80,7 @@ class EngineTarget:
         )
         self._engine = Engine(self.runner)
         self._engine.start()
+        self.structured_output: StructuredOutput | None = None
 
     async def generate(self, spec: RequestSpec, first_token: FirstToken) -> int:
         sink = _CountingSink(asyncio.get_running_loop(), first_token)
@@ -86,6 +89,7 @@ class EngineTarget:
             max_tokens=spec.max_tokens,
             temperature=0.0,
             ignore_eos=True,
+            structured_output=self.structured_output,
         )
         self._engine.submit(params, sink)
         return await sink.done

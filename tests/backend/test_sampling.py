@@ -136,3 +136,32 @@ def test_temperature_scales_the_logits() -> None:
     counts = torch.bincount(draws(LOGITS, n, seed=4, temperature=2.0), minlength=8).double() / n
     tolerance = 4.5 * (probs * (1 - probs) / n).sqrt()
     assert ((counts - probs).abs() <= tolerance).all(), (counts, probs)
+
+
+def test_a_grammar_mask_gives_the_tokens_of_the_masked_logits() -> None:
+    """Constrained rows sample only allowed ids, exactly as from logits masked beforehand (the
+    same draws), with and without top-k; free rows are untouched."""
+    from backend.grammar import RowMask
+
+    rows, vocab = 6, 200
+    torch.manual_seed(0)
+    for trial in range(20):
+        logits = torch.randn(rows, vocab) * 3
+        bits = torch.randint(-(2**31), 2**31 - 1, (rows, (vocab + 31) // 32), dtype=torch.int32)
+        bits[:, 0] |= 1  # id 0 allowed: no row is left without a choice
+        constrained = [0, 2, 3, 5]
+        params = {
+            "temperature": [0.0, 0.0, 0.8, 1.0, 1.3, 0.0],
+            "top_k": [0] * rows if trial % 2 else [0, 0, 5, 0, 0, 0],  # top-k: mask first
+        }
+        mask = RowMask(bits, constrained, vocab)
+        expected_logits = logits.clone()
+        mask.apply(expected_logits)
+        expected = sample(expected_logits, batch(rows, generators=None, **params))
+        masked = batch(rows, generators=None, **params)
+        masked.grammar_mask = mask
+        tokens = sample(logits, masked)
+        assert tokens.tolist() == expected.tolist(), trial
+        for row in constrained:
+            token = int(tokens[row])
+            assert (int(bits[row, token // 32]) >> (token % 32)) & 1

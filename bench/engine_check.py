@@ -12,7 +12,6 @@ rather than raising, so one failure does not hide the others:
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from backend.model_runner import ModelRunner, resolve_dtype
 from backend.outputs import StepOutput, merge_outputs
 from backend.params import GenerationParams
 from tests.reference import reference_greedy, reference_logprobs, tokenizer
+from tests.sinks import RecordingSink
 
 ATOL = 1e-4
 BF16_TIE_MARGIN = 0.25
@@ -34,30 +34,9 @@ EXPLICIT_IDS = [0, 5, 17, 999]
 WAIT_S = 60.0
 
 
-class _CollectingSink:
-    """Keeps a request's outputs (engine thread) and signals its final one."""
-
-    def __init__(self) -> None:
-        self.outputs: list[StepOutput] = []
-        self.error: str | None = None
-        self.done = threading.Event()
-
-    def send(self, output: StepOutput) -> None:
-        self.outputs.append(output)
-        if output.finish_reason is not None:
-            self.done.set()
-
-    def send_error(self, message: str, *, kind: str = "") -> None:
-        self.error = message
-        self.done.set()
-
-    def is_cancelled(self) -> bool:
-        return False
-
-
 def run_requests(engine: Engine, requests: list[GenerationParams]) -> list[StepOutput]:
     """Submit all at once; each request's outputs merged into one."""
-    sinks = [_CollectingSink() for _ in requests]
+    sinks = [RecordingSink() for _ in requests]
     for params, sink in zip(requests, sinks, strict=True):
         engine.submit(params, sink)
     for sink in sinks:

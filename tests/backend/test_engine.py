@@ -4,7 +4,6 @@ with explicit-id rows)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,33 +15,15 @@ from backend import contract, default_model
 from backend import triton_io as io
 from backend.engine import Engine, EngineStats
 from backend.model_runner import ModelRunner
-from backend.outputs import INTERNAL, StepOutput
+from backend.outputs import INTERNAL
 from backend.params import GenerationParams
 from backend.stopping import LENGTH
 from backend.token_bytes import token_bytes_table
 from tests.reference import reference_logprobs, tokenizer
+from tests.sinks import RecordingSink
 
 WAIT_S = 60.0
 ATOL = 1e-4
-
-
-class RecordingSink:
-    def __init__(self) -> None:
-        self.outputs: list[StepOutput] = []
-        self.errors: list[tuple[str, str]] = []
-        self.done = threading.Event()
-
-    def send(self, output: StepOutput) -> None:
-        self.outputs.append(output)
-        if output.finish_reason is not None:
-            self.done.set()
-
-    def send_error(self, message: str, *, kind: str = INTERNAL) -> None:
-        self.errors.append((message, kind))
-        self.done.set()
-
-    def is_cancelled(self) -> bool:
-        return False
 
 
 @pytest.fixture
@@ -112,7 +93,7 @@ def test_each_row_of_a_mixed_batch_gets_exactly_its_own_logprobs(
     table = token_bytes_table(tokenizer(model_dir), 1024)
 
     for params, sink in zip(requests, sinks, strict=True):
-        assert sink.errors == []
+        assert sink.error is None
         assert len(sink.outputs) == STEPS
         k = params.logprobs or 0
         ids = params.logprob_token_ids
@@ -179,9 +160,9 @@ def test_a_request_that_fails_to_start_gets_one_error_and_the_others_are_served(
     bad = GenerationParams(prompt_ids=[13, 13, 13], max_tokens=4)
     first, failed, second = run(engine, [good, bad, good])
     assert failed.outputs == []
-    assert failed.errors == [("internal error: injected prefill failure", INTERNAL)]
+    assert (failed.error, failed.kind) == ("internal error: injected prefill failure", INTERNAL)
     for sink in (first, second):
-        assert sink.errors == []
+        assert sink.error is None
         assert [len(out.token_ids) for out in sink.outputs] == [1] * 4
     assert [o.token_ids for o in first.outputs] == [o.token_ids for o in second.outputs]
 
@@ -192,4 +173,4 @@ def test_stop_answers_queued_requests_that_never_started(runner: ModelRunner) ->
     engine.submit(GenerationParams(prompt_ids=[1]), sink)
     engine.stop()
     assert sink.outputs == []
-    assert sink.errors == [("the model is shutting down", INTERNAL)]
+    assert (sink.error, sink.kind) == ("the model is shutting down", INTERNAL)

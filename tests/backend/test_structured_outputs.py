@@ -21,8 +21,9 @@ from backend.outputs import CANCELLED, INVALID
 from backend.params import EngineLimits, GenerationParams, InvalidInputError
 from backend.structured_output import StructuredOutput
 from backend.triton_io import parse_request
-from tests.backend.test_batching import RecordingSink, run
+from tests.backend.test_batching import run
 from tests.reference import reference_logprobs, tokenizer
+from tests.sinks import RecordingSink
 
 SCHEMA = {
     "type": "object",

@@ -66,11 +66,15 @@ class BackendStub:
 
     @property
     def alive(self) -> bool:
-        """Still running: the same process (psutil compares start times), and not a zombie."""
-        try:
-            return self.process.is_running() and self.process.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
+        return running(self.process)
+
+
+def running(process: psutil.Process) -> bool:
+    """Still running: the same process (psutil compares start times), and not a zombie."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def backend_stubs(server_pid: int) -> list[BackendStub]:

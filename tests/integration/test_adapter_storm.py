@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from backend.tritonserver import backend_stubs
 from tests.integration.openai_support import MODEL, metric, wait_for
-from tests.integration.proc import descendants, resident_kib
+from tests.integration.proc import resident_kib
 
 REQUESTS = 400
 WARMUP = 100  # memory is compared from after these to after the last
@@ -88,22 +89,11 @@ async def one_request(
     return outcome
 
 
-def llm_stub_pid(triton_pid: int, repository: str) -> int:
-    """The Python-backend stub that runs the `llm` model (one process per model instance)."""
-    stubs = [
-        pid
-        for pid, cmd in descendants(triton_pid).items()
-        if "triton_python_backend_stub" in cmd and f"{repository}/llm/" in cmd
-    ]
-    assert len(stubs) == 1, descendants(triton_pid)
-    return stubs[0]
-
-
 @pytest.mark.timeout(300)
 async def test_disconnect_storm(adapter_server, triton_server) -> None:
     metrics = triton_server.metrics_url
     adapter_pid = adapter_server.pid
-    stub_pid = llm_stub_pid(triton_server.pid, str(triton_server.model_repository))
+    stub_pid = next(s.process.pid for s in backend_stubs(triton_server.pid) if s.model == "llm")
     rng = random.Random(SEED)
     hang_ups = set(rng.sample(range(REQUESTS), int(REQUESTS * HANGUP_SHARE)))
     # A hang-up after 1..MAX_TOKENS events: before the first token up to the last.

@@ -21,13 +21,14 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 
 from backend import contract
 from backend.adapter_server import AdapterServer
 from backend.repository import write_repository
 from backend.supervisor import RestartPolicy, Supervisor
-from backend.tritonserver import SHM_DIR, TritonServer
+from backend.tritonserver import SHM_DIR, TritonServer, running
 from tests.conftest import GATED_LLM
 from tests.integration.openai_support import MODEL, held, sse_events, wait_for
 from tests.integration.proc import resident_kib
@@ -142,7 +143,7 @@ def test_a_killed_stub_fails_fast_reports_not_ready_and_heals(stack: Stack, mode
         assert stream.status_code == 200
         assert next(line for line in lines if line.startswith("data: "))
         assert direct.next()[1] is None  # streaming
-        old_stubs = [stub.process.pid for stub in stack.server.stubs]
+        old_stubs = [stub.process for stub in stack.server.stubs]
         victim = stack.server.pid if model == "tritonserver" else stack.stub_pid(model)
         assert victim is not None
         os.kill(victim, signal.SIGKILL)
@@ -168,7 +169,7 @@ def test_a_killed_stub_fails_fast_reports_not_ready_and_heals(stack: Stack, mode
     assert _completion(stack) == before
     assert stack.restarts_metric() == restarts + 1
     assert not any((SHM_DIR / region).exists() for region in old_regions if region)
-    assert not [pid for pid in old_stubs if _alive(pid)]
+    assert not [stub for stub in old_stubs if running(stub)]
     fault = model if model == "tritonserver" else f"the {model} stub"
     print(
         f"\nkill -9 of {fault}: stream error in {errored_in:.2f} s, adapter not ready in "
@@ -198,13 +199,14 @@ def test_five_crash_and_heal_cycles_lose_no_request_and_leak_nothing(stack: Stac
 
     loader = threading.Thread(target=load)
     loader.start()
-    dead: list[int] = []
+    dead: list[psutil.Process] = []
     rss: list[int] = []
     try:
         for _ in range(5):
             assert all(_completion(stack) == expected for _ in range(3))  # ready: all succeed
             rss.append(resident_kib(stack.adapter.pid or 0))
-            dead += [stub.process.pid for stub in stack.server.stubs] + [stack.server.pid or 0]
+            dead += [stub.process for stub in stack.server.stubs]
+            dead.append(psutil.Process(stack.server.pid))
             os.kill(stack.stub_pid("llm"), signal.SIGKILL)
             assert wait_for(lambda: not stack.ready(), FAIL_FAST_S)
             assert wait_for(stack.healed, HEAL_BOUND_S), stack.server.log_tail()
@@ -213,20 +215,12 @@ def test_five_crash_and_heal_cycles_lose_no_request_and_leak_nothing(stack: Stac
         done.set()
         loader.join()
     assert "ok" in outcomes and set(outcomes) <= {"ok", "503", "500"}, outcomes
-    assert not [pid for pid in dead if _alive(pid)]
+    assert not [process for process in dead if running(process)]
     metrics = stack.http.get("/metrics").text
     assert re.search(r"^adapter_requests_in_flight 1\.0$", metrics, re.M), metrics  # this one
     # Flat: the first cycle's RSS includes warm-up; the others within 10 MiB of it.
     assert max(rss[1:]) - rss[0] < 10 * 1024, rss
     print(f"\n5 crash-and-heal cycles: outcomes {sorted(set(outcomes))}, adapter RSS KiB {rss}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.timeout(600)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -12,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from adapter.errors import InvalidRequestError
 from adapter.tensors import TritonOutput, TritonRequest
+from backend.structured_output import CHOICE, GRAMMAR, JSON_OBJECT, REGEX, StructuredOutput
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +40,6 @@ VLLM_UNSUPPORTED: Mapping[str, tuple[Any, ...]] = {
     "guided_choice": (),
     "guided_grammar": (),
     "structural_tag": (),
-    "structured_outputs": (),
     "logits_processors": (),
     "return_token_ids": (False,),
     "prompt_embeds": (),
@@ -87,6 +88,95 @@ class StreamOptions(OpenAIBaseModel):
     continuous_usage_stats: bool | None = Field(
         default=None, description="vLLM: `usage` on every chunk as well."
     )
+
+
+class JsonSchemaFormat(OpenAIBaseModel):
+    """`response_format.json_schema` (OpenAI's structured outputs)."""
+
+    name: str | None = Field(default=None, description="The schema's name; not used.")
+    description: str | None = Field(default=None, description="Not used.")
+    schema_: dict[str, Any] | None = Field(
+        default=None, alias="schema", description="The JSON schema the output must match."
+    )
+    strict: bool | None = Field(default=None, description="Accepted; the schema always holds.")
+
+
+class ResponseFormat(OpenAIBaseModel):
+    """`response_format`: free text, any JSON object, or JSON that matches a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def to_structured_output(self) -> StructuredOutput | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return StructuredOutput(JSON_OBJECT, "")
+        if self.json_schema is None or self.json_schema.schema_ is None:
+            raise InvalidRequestError(
+                '`response_format` of type "json_schema" needs `json_schema.schema`.',
+                parameter="response_format",
+            )
+        return StructuredOutput.json_schema(self.json_schema.schema_)
+
+
+class StructuredOutputsParams(OpenAIBaseModel):
+    """vLLM's `structured_outputs`: exactly one of `json`, `regex`, `choice`, `grammar`,
+    `json_object`."""
+
+    json_: dict[str, Any] | str | None = Field(
+        default=None, alias="json", description="A JSON schema (or its JSON text)."
+    )
+    regex: str | None = Field(default=None, description="The output fully matches it.")
+    choice: list[str] | None = Field(default=None, description="The output is one of these.")
+    grammar: str | None = Field(default=None, description="An EBNF (GBNF) grammar.")
+    json_object: bool | None = Field(default=None, description="Any JSON object.")
+    disable_any_whitespace: bool | None = Field(
+        default=None, description="JSON kinds: no free whitespace (small models then finish)."
+    )
+
+    unsupported: ClassVar[Mapping[str, tuple[Any, ...]]] = {
+        "disable_fallback": (False,),
+        "disable_additional_properties": (False,),
+        "whitespace_pattern": (),
+        "structural_tag": (),
+    }
+
+    def to_structured_output(self) -> StructuredOutput:
+        param = "structured_outputs"
+        try:
+            self.reject_unsupported()
+        except InvalidRequestError as exc:
+            raise InvalidRequestError(str(exc), parameter=param) from None
+        kinds = {
+            "json": self.json_,
+            "regex": self.regex,
+            "choice": self.choice,
+            "grammar": self.grammar,
+            "json_object": self.json_object or None,
+        }
+        given = [name for name, value in kinds.items() if value is not None]
+        if len(given) != 1:
+            raise InvalidRequestError(
+                "`structured_outputs` takes exactly one of `json`, `regex`, `choice`, `grammar` "
+                f"and `json_object`; got {len(given)}"
+                + (f" ({', '.join(given)})." if given else "."),
+                parameter=param,
+            )
+        whitespace = bool(self.disable_any_whitespace)
+        try:
+            if self.json_ is not None:
+                schema = json.loads(self.json_) if isinstance(self.json_, str) else self.json_
+                return StructuredOutput.json_schema(schema, whitespace)
+            if self.json_object:
+                return StructuredOutput(JSON_OBJECT, "", whitespace)
+            if self.choice is not None:
+                return StructuredOutput(CHOICE, tuple(self.choice), whitespace)
+            if self.regex is not None:
+                return StructuredOutput(REGEX, self.regex, whitespace)
+            return StructuredOutput(GRAMMAR, self.grammar, whitespace)
+        except ValueError as exc:  # json.JSONDecodeError is one
+            raise InvalidRequestError(f"`structured_outputs`: {exc}", parameter=param) from None
 
 
 class UsageInfo(BaseModel):
@@ -306,6 +396,33 @@ class GenerationRequest(OpenAIBaseModel):
         description="Tokenize with BOS etc.; null: true for a text prompt, false for chat (the "
         "template adds its own).",
     )
+    response_format: ResponseFormat | None = Field(
+        default=None,
+        description='`{"type": "json_object"}` or `{"type": "json_schema", "json_schema": '
+        '{"name": ..., "schema": ...}}` holds the output to JSON (xgrammar); "text": free.',
+    )
+    structured_outputs: StructuredOutputsParams | None = Field(
+        default=None,
+        description="vLLM: the output's shape, one of `json`, `regex`, `choice`, `grammar`, "
+        "`json_object`.",
+    )
+
+    @property
+    def structured_output_parameter(self) -> str:
+        """The field a STRUCTURED_OUTPUT error names."""
+        return "structured_outputs" if self.structured_outputs is not None else "response_format"
+
+    def structured_output(self) -> StructuredOutput | None:
+        """From `structured_outputs` or a non-text `response_format`, not both."""
+        from_format = self.response_format.to_structured_output() if self.response_format else None
+        if self.structured_outputs is None:
+            return from_format
+        if from_format is not None:
+            raise InvalidRequestError(
+                "Use `response_format` or `structured_outputs`, not both.",
+                parameter="structured_outputs",
+            )
+        return self.structured_outputs.to_structured_output()
 
     @field_validator("stop_token_ids", "allowed_token_ids", "logprob_token_ids", mode="before")
     @classmethod
@@ -336,6 +453,7 @@ class GenerationRequest(OpenAIBaseModel):
                 "`allowed_token_ids` must not be empty.", parameter="allowed_token_ids"
             )
         check_stream_options(self.stream, self.stream_options)
+        self.structured_output()  # its 400s now, before any model call
         return self
 
     def sampling_params(self) -> TritonRequest:
@@ -358,6 +476,7 @@ class GenerationRequest(OpenAIBaseModel):
             logit_bias=tuple((int(key), bias) for key, bias in (self.logit_bias or {}).items()),
             allowed_token_ids=tuple(self.allowed_token_ids or ()),
             logprob_token_ids=distinct(self.logprob_token_ids),
+            structured_output=self.structured_output(),
         )
 
     def samples(self, params: TritonRequest) -> list[TritonRequest]:

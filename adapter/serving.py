@@ -251,8 +251,15 @@ class OpenAIServing:
             self.collect(params, f"{request_id}-{i}", fields) for i, params in enumerate(choices)
         )
 
+    def request_fields(self, parameter: str) -> Mapping[str, str]:
+        """`tensor_params`, with STRUCTURED_OUTPUT named by the field the request used."""
+        return {**self.tensor_params, contract.STRUCTURED_OUTPUT: parameter}
+
     async def start_streams(
-        self, choices: Sequence[TritonRequest], request_id: str
+        self,
+        choices: Sequence[TritonRequest],
+        request_id: str,
+        fields: Mapping[str, str] | None = None,
     ) -> list[AsyncGenerator[TritonOutput, None]]:
         """Every choice's stream, once each answered once (all requests in flight together).
 
@@ -263,7 +270,7 @@ class OpenAIServing:
         async def first(
             params: TritonRequest, choice_id: str
         ) -> tuple[TritonOutput, AsyncGenerator[TritonOutput, None]]:
-            outputs = self.outputs(params, choice_id)
+            outputs = self.outputs(params, choice_id, fields)
             try:
                 return await anext(outputs), outputs
             except StopAsyncIteration:

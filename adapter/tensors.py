@@ -12,6 +12,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
 from backend import contract
+from backend.structured_output import StructuredOutput
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class TritonRequest:
     """Natural top-k count at prompt positions; set (0 included) to get the prompt's ids, bytes
     and each token's logprob on the first response."""
     prompt_logprob_token_ids: tuple[int, ...] = ()
+    structured_output: StructuredOutput | None = None
+    """The shape the output must take (STRUCTURED_OUTPUT)."""
 
     @property
     def needs_tokenizing(self) -> bool:
@@ -123,6 +126,8 @@ def llm_inputs(
             arrays[name] = _scalar(value, dtype)
     if params.stop:
         arrays[contract.STOP] = _strings(params.stop)
+    if params.structured_output is not None:
+        arrays[contract.STRUCTURED_OUTPUT] = _strings([params.structured_output.to_json()])
     lists: list[tuple[str, Sequence[float], type[np.generic]]] = [
         (contract.STOP_TOKEN_IDS, params.stop_token_ids, np.int32),
         (contract.LOGIT_BIAS_IDS, [token for token, _ in params.logit_bias], np.int32),

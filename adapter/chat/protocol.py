@@ -98,9 +98,6 @@ class ChatCompletionRequest(GenerationRequest):
     prediction: dict[str, Any] | None = Field(default=None, description="Not supported.")
     prompt_cache_key: str | None = Field(default=None, description="Accepted, not used.")
     reasoning_effort: str | None = Field(default=None, description="Not supported.")
-    response_format: dict[str, Any] | None = Field(
-        default=None, description='Only {"type": "text"}.'
-    )
     safety_identifier: str | None = Field(default=None, description="Accepted, not used.")
     service_tier: str | None = Field(default=None, description="Accepted, not used.")
     store: bool | None = Field(default=None, description="Accepted, nothing is stored.")
@@ -127,7 +124,6 @@ class ChatCompletionRequest(GenerationRequest):
         "modalities": (["text"],),
         "prediction": (),
         "reasoning_effort": (),
-        "response_format": ({"type": "text"},),
         "tool_choice": ("none",),
         "tools": ([],),
         "verbosity": (),

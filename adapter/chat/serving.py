@@ -87,14 +87,15 @@ class OpenAIServingChat(OpenAIServing):
         default_limit = min(info.max_model_len or INT32_MAX, self.limits.max_tokens_cap)
         choices = request.to_generation_params(default_limit)
         request_id = f"chatcmpl-{current_request_id()}"
+        fields = self.request_fields(request.structured_output_parameter)
         as_token_ids = bool(request.return_tokens_as_token_ids)
         builders = [ChatLogprobsBuilder(params, as_token_ids=as_token_ids) for params in choices]
         if request.stream:
-            streams = await self.start_streams(choices, request_id)
+            streams = await self.start_streams(choices, request_id, fields)
             return self.chat_completion_stream_generator(
                 request, builders, streams, request_id, model_name
             )
-        outputs = await self.collect_all(choices, request_id)
+        outputs = await self.collect_all(choices, request_id, fields)
         return self.chat_completion_full_response(
             request, builders, outputs, request_id, model_name
         )

@@ -84,7 +84,6 @@ class CompletionRequest(GenerationRequest):
         "best_of": (1,),
         "suffix": ("",),
         "use_beam_search": (False,),
-        "response_format": ({"type": "text"},),
     }
 
     @field_validator("prompt", mode="before")

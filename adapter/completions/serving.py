@@ -145,13 +145,14 @@ class OpenAIServingCompletion(OpenAIServing):
         self.check_id_count(info, request.prompt_logprob_token_ids, "prompt_logprob_token_ids")
         choices = request.to_generation_params()
         request_id = f"cmpl-{current_request_id()}"
+        fields = self.request_fields(request.structured_output_parameter)
         builders = [CompletionChoiceBuilder(request, params) for params in choices]
         if request.stream:
-            streams = await self.start_streams(choices, request_id)
+            streams = await self.start_streams(choices, request_id, fields)
             return self.completion_stream_generator(
                 request, builders, streams, request_id, model_name
             )
-        outputs = await self.collect_all(choices, request_id)
+        outputs = await self.collect_all(choices, request_id, fields)
         return self.completion_full_response(request, builders, outputs, request_id, model_name)
 
     @staticmethod

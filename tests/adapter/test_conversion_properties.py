@@ -24,6 +24,7 @@ from backend import contract
 from backend import triton_io as io
 from backend.outputs import PromptLogprobs, StepOutput, merge_outputs
 from backend.params import EngineLimits, GenerationParams
+from backend.structured_output import StructuredOutput
 
 VOCAB = 1024
 LIMITS = EngineLimits(vocab_size=VOCAB, max_model_len=4096, max_logprobs=20)
@@ -35,6 +36,33 @@ optional = st.none().__or__
 # float32 values, as the tensors carry them.
 f32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
 logprob = st.floats(max_value=0, width=32, allow_nan=False) | st.just(-math.inf)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-100, 100) | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+nonempty_text = st.text(min_size=1, max_size=12)
+structured_outputs = st.one_of(
+    st.builds(
+        StructuredOutput,
+        st.just("choice"),
+        st.lists(nonempty_text, min_size=1, max_size=4).map(tuple),
+        st.booleans(),
+    ),
+    st.builds(
+        StructuredOutput, st.sampled_from(["regex", "grammar"]), nonempty_text, st.booleans()
+    ),
+    st.builds(StructuredOutput, st.just("json_object"), st.just(""), st.booleans()),
+    st.builds(
+        StructuredOutput.json_schema,
+        st.dictionaries(st.text(max_size=6), json_values, max_size=4) | st.booleans(),
+        st.booleans(),
+    ),
+)
 
 
 @st.composite
@@ -61,6 +89,7 @@ def generation_params(draw: st.DrawFn) -> tuple[TritonRequest, list[int]]:
         logprob_token_ids=draw(distinct_ids),
         prompt_logprobs=draw(optional(st.integers(0, 20))),
         prompt_logprob_token_ids=draw(distinct_ids),
+        structured_output=draw(optional(structured_outputs)),
     )
     prompt = draw(st.lists(token_ids, min_size=1, max_size=12))
     return params, prompt
@@ -111,6 +140,7 @@ def test_the_engine_parses_what_the_adapter_sends(drawn) -> None:
     assert parsed.logprob_token_ids == list(params.logprob_token_ids)
     assert parsed.prompt_logprobs == params.prompt_logprobs
     assert parsed.prompt_logprob_token_ids == list(params.prompt_logprob_token_ids)
+    assert parsed.structured_output == params.structured_output
 
 
 @st.composite

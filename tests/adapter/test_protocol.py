@@ -150,13 +150,11 @@ UNSUPPORTED_CASES = [
     (COMPLETIONS, completion(min_p=0.1), "min_p"),
     (COMPLETIONS, completion(prompt_logprobs=1), "prompt_logprobs"),
     (COMPLETIONS, completion(guided_json={"type": "object"}), "guided_json"),
-    (COMPLETIONS, completion(response_format={"type": "json_schema"}), "response_format"),
     (CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
     (CHAT, chat(functions=[{"name": "f"}]), "functions"),
     (CHAT, chat(function_call="auto"), "function_call"),
     (CHAT, chat(tool_choice="auto"), "tool_choice"),
     (CHAT, chat(tool_choice={"type": "function", "function": {"name": "f"}}), "tool_choice"),
-    (CHAT, chat(response_format={"type": "json_object"}), "response_format"),
     (CHAT, chat(prompt_logprob_token_ids=[1]), "prompt_logprob_token_ids"),
     (CHAT, chat(add_generation_prompt=False), "add_generation_prompt"),
 ]

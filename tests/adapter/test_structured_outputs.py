@@ -1,0 +1,157 @@
+"""`response_format` and `structured_outputs` -> the STRUCTURED_OUTPUT tensor, on both endpoints,
+with `n` and streaming; each bad form's 400; a model-side compile error named by its field."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from adapter.errors import TritonInputError
+from adapter.tensors import llm_inputs
+from backend import contract
+from backend.structured_output import StructuredOutput
+from tests.adapter.fakes import FakeEngine, output
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+def body(path: str, **fields: object) -> dict[str, object]:
+    prompt = (
+        {"prompt": "Hello"}
+        if path == COMPLETIONS
+        else {"messages": [{"role": "user", "content": "Hi"}]}
+    )
+    return {"model": "tiny", **prompt, **fields}
+
+
+@pytest.fixture(autouse=True)
+def _one_token(engine: FakeEngine) -> None:
+    engine.script = [output(tokens=[(7, b"!", -0.5)], finish_reason="stop", completion_tokens=1)]
+
+
+def _sent(engine: FakeEngine) -> list[dict]:
+    """The STRUCTURED_OUTPUT tensor of every request the engine got, parsed."""
+    sent = []
+    for params, _ in engine.requests:
+        arrays = llm_inputs(params, [1, 2])
+        tensor = arrays.get(contract.STRUCTURED_OUTPUT)
+        sent.append(None if tensor is None else json.loads(tensor[0].decode()))
+    return sent
+
+
+ACCEPTED = [
+    ({"response_format": {"type": "text"}}, None),
+    ({"response_format": {"type": "json_object"}}, {"type": "json_object"}),
+    (
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": SCHEMA, "strict": True},
+            }
+        },
+        {"type": "json", "value": SCHEMA},
+    ),
+    ({"structured_outputs": {"choice": ["yes", "no"]}}, {"type": "choice", "value": ["yes", "no"]}),
+    ({"structured_outputs": {"regex": "[0-9]+"}}, {"type": "regex", "value": "[0-9]+"}),
+    (
+        {"structured_outputs": {"json": json.dumps(SCHEMA), "disable_any_whitespace": True}},
+        {"type": "json", "value": SCHEMA, "disable_any_whitespace": True},
+    ),
+    ({"structured_outputs": {"json": SCHEMA}}, {"type": "json", "value": SCHEMA}),
+    (
+        {"structured_outputs": {"grammar": 'root ::= "a"'}},
+        {"type": "grammar", "value": 'root ::= "a"'},
+    ),
+    ({"structured_outputs": {"json_object": True}}, {"type": "json_object"}),
+]
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+@pytest.mark.parametrize(("fields", "tensor"), ACCEPTED)
+@pytest.mark.parametrize("stream", [False, True])
+def test_each_form_becomes_the_tensor_for_every_choice(
+    client: TestClient,
+    engine: FakeEngine,
+    path: str,
+    fields: dict,
+    tensor: dict | None,
+    stream: bool,
+) -> None:
+    response = client.post(path, json=body(path, n=2, stream=stream, **fields))
+    assert response.status_code == 200, response.text
+    assert _sent(engine) == [tensor, tensor]
+
+
+BAD = [
+    ({"structured_outputs": {}}, "structured_outputs", "exactly one of"),
+    (
+        {"structured_outputs": {"regex": "a", "choice": ["a"]}},
+        "structured_outputs",
+        "got 2 (regex, choice)",
+    ),
+    ({"structured_outputs": {"choice": []}}, "structured_outputs", "non-empty list"),
+    ({"structured_outputs": {"choice": ["a", ""]}}, "structured_outputs", "non-empty list"),
+    ({"structured_outputs": {"json": "{not json"}}, "structured_outputs", "Expecting"),
+    ({"structured_outputs": {"json": "[1]"}}, "structured_outputs", "an object or a boolean"),
+    (
+        {"structured_outputs": {"regex": "a", "whitespace_pattern": " "}},
+        "structured_outputs",
+        "`whitespace_pattern` is not supported",
+    ),
+    ({"response_format": {"type": "json_schema"}}, "response_format", "needs `json_schema.schema`"),
+    ({"response_format": {"type": "xml"}}, "response_format", "type"),
+    (
+        {"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
+        "structured_outputs",
+        "not both",
+    ),
+    ({"guided_regex": "a"}, "guided_regex", "is not supported"),
+]
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+@pytest.mark.parametrize(("fields", "param", "message"), BAD)
+def test_bad_forms_are_400s_naming_the_field(
+    client: TestClient, engine: FakeEngine, path: str, fields: dict, param: str, message: str
+) -> None:
+    response = client.post(path, json=body(path, **fields))
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param and message in error["message"], error
+    assert engine.requests == []
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+    ],
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_compile_error_from_the_model_names_the_field_used(
+    client: TestClient, engine: FakeEngine, path: str, fields: dict, param: str, stream: bool
+) -> None:
+    engine.script = [TritonInputError(contract.STRUCTURED_OUTPUT, "regex does not compile: x")]
+    response = client.post(path, json=body(path, stream=stream, **fields))
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param
+    assert error["message"] == f"{param}: regex does not compile: x"
+
+
+def test_the_tensor_is_bytes_of_one_json_spec() -> None:
+    from adapter.tensors import TritonRequest
+
+    spec = StructuredOutput("choice", ("ja", "nein"))
+    arrays = llm_inputs(TritonRequest(prompt_ids=(1,), structured_output=spec), [1])
+    tensor = arrays[contract.STRUCTURED_OUTPUT]
+    assert tensor.dtype == np.object_ and tensor.shape == (1,)
+    assert StructuredOutput.from_json(tensor[0].decode()) == spec

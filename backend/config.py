@@ -61,6 +61,9 @@ class LLMConfig:
     """Compiled structured-output grammars kept (least recently used ones go first)."""
     grammar_compile_timeout_ms: int = 10000
     """A request whose structured output takes longer to compile gets INVALID_ARG."""
+    grammar_disable_any_whitespace: bool = False
+    """JSON kinds allow no free whitespace for every request (as vLLM's server option), not
+    only for those that ask: a small model may otherwise never end the object."""
     fast_decode: bool = True
     """Decode Llama-family models through `backend.fast_decode` (same math, less Python)."""
 

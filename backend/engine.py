@@ -133,6 +133,7 @@ class Engine:
         on_stats: Callable[[EngineStats], None] | None = None,
         grammar_cache_size: int = 64,
         grammar_compile_timeout_s: float = 10.0,
+        grammar_disable_any_whitespace: bool = False,
     ) -> None:
         """`max_queue_size`: requests waiting for a slot beyond which new ones are refused.
         `grammar_compile_timeout_s`: a request whose structured output takes longer to compile
@@ -141,6 +142,7 @@ class Engine:
         self.max_queue_size = max_queue_size
         self.grammar_compile_timeout_s = grammar_compile_timeout_s
         self.grammar_cache_size = grammar_cache_size
+        self.grammar_disable_any_whitespace = grammar_disable_any_whitespace
         self._grammars: GrammarCompiler | None = None
         self._bitmask: TokenBitmask | None = None
         self.limits = EngineLimits(
@@ -225,7 +227,11 @@ class Engine:
             runner = self.runner
             self._bitmask = TokenBitmask(runner.num_slots, runner.vocab_size)
             self._grammars = GrammarCompiler(
-                runner.tokenizer, runner.vocab_size, runner.eos_ids, self.grammar_cache_size
+                runner.tokenizer,
+                runner.vocab_size,
+                runner.eos_ids,
+                self.grammar_cache_size,
+                disable_any_whitespace=self.grammar_disable_any_whitespace,
             )
         return self._grammars
 

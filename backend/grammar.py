@@ -40,12 +40,19 @@ class GrammarCompiler:
     """Compiles specs for one tokenizer; `compile` returns at once with a future."""
 
     def __init__(
-        self, tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int], cache_size: int
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: Iterable[int],
+        cache_size: int,
+        disable_any_whitespace: bool = False,
     ) -> None:
+        """`disable_any_whitespace`: JSON kinds without free whitespace for every spec."""
         info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids)
         )
         self.vocab_size = vocab_size
+        self._disable_any_whitespace = disable_any_whitespace
         self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         self._cache_size = cache_size
         self._cache: OrderedDict[StructuredOutput, Future[xgr.CompiledGrammar]] = OrderedDict()
@@ -95,7 +102,7 @@ class GrammarCompiler:
         return compiled
 
     def _build(self, spec: StructuredOutput) -> xgr.CompiledGrammar:
-        any_whitespace = not spec.disable_any_whitespace
+        any_whitespace = not (spec.disable_any_whitespace or self._disable_any_whitespace)
         if spec.kind == JSON:
             return self._compiler.compile_json_schema(spec.value, any_whitespace=any_whitespace)
         if spec.kind == JSON_OBJECT:

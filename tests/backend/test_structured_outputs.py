@@ -279,3 +279,30 @@ def test_a_malformed_tensor_is_invalid_input(text: str, message: str) -> None:
         parse_request(_arrays(text), limits)
     assert error.value.parameter == contract.STRUCTURED_OUTPUT
     assert message in str(error.value)
+
+
+def test_the_server_wide_whitespace_switch_equals_the_request_flag(runner, model_dir) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    prompt = _prompt(model_dir)
+
+    def tokens(engine: Engine, spec: StructuredOutput) -> list[int]:
+        engine.start()
+        try:
+            params = GenerationParams(
+                prompt_ids=prompt, max_tokens=24, temperature=0.0, structured_output=spec
+            )
+            [sink] = run(engine, [params])
+        finally:
+            engine.stop()
+        assert sink.error is None
+        return sink.token_ids
+
+    server_wide = tokens(
+        Engine(runner, grammar_disable_any_whitespace=True), StructuredOutput.json_schema(schema)
+    )
+    asked = tokens(
+        Engine(runner), StructuredOutput.json_schema(schema, disable_any_whitespace=True)
+    )
+    free = tokens(Engine(runner), StructuredOutput.json_schema(schema))
+    assert server_wide == asked
+    assert server_wide != free  # whitespace allowed: this model then takes it

@@ -186,6 +186,7 @@ class TritonPythonModel:
             on_stats=self.writer.publish_stats,
             grammar_cache_size=config.grammar_cache_size,
             grammar_compile_timeout_s=config.grammar_compile_timeout_ms / 1000,
+            grammar_disable_any_whitespace=config.grammar_disable_any_whitespace,
         )
         self.writer.start()
         self.engine.start()

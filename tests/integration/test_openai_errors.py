@@ -123,7 +123,7 @@ CASES = [
     (CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", "not supported"),
     (CHAT, chat(functions=[{"name": "f"}]), "functions", "not supported"),
     (CHAT, chat(tool_choice="required"), "tool_choice", "not supported"),
-    (CHAT, chat(response_format={"type": "json_object"}), "response_format", "not supported"),
+    (CHAT, chat(guided_regex="[0-9]+"), "guided_regex", "not supported"),
     # /tokenize, /detokenize, /generative_scoring
     ("/tokenize", {"model": MODEL}, "prompt", "exactly one of `prompt` and `messages`"),
     ("/detokenize", {"tokens": [1, 5000]}, "tokens", "id 5000 is outside the vocabulary"),

@@ -145,10 +145,33 @@ class RowMask:
     vocab_size: int
 
     def apply(self, logits: torch.Tensor) -> None:
-        """-inf, in place, on the ids the rows' grammars do not allow next."""
-        xgr.apply_token_bitmask_inplace(
-            logits, self.bits[: logits.shape[0]], vocab_size=self.vocab_size, indices=self.rows
-        )
+        """-inf, in place, on the ids the rows' grammars do not allow next.
+
+        On CPU, by 32-id words: a grammar's mask is mostly whole words allowed or refused (in a
+        JSON-schema batch, 29 % and 69 % of them), so refused words are filled at once and only
+        the few mixed ones are unpacked. xgrammar's CPU kernel visits every id instead: 1.7-1.9
+        ms against 0.7 ms for [16, 32000] here (docs/design.md, "Structured outputs"). Its
+        kernel stays for CUDA and for a vocabulary that is not a multiple of 32."""
+        if logits.device.type != "cpu" or logits.shape[-1] % 32:
+            xgr.apply_token_bitmask_inplace(
+                logits, self.bits[: logits.shape[0]], vocab_size=self.vocab_size, indices=self.rows
+            )
+            return
+        by_word = logits.view(logits.shape[0], -1, 32)
+        rows = torch.tensor(self.rows)
+        words = self.bits[rows, : by_word.shape[1]]
+        row, word = (words == 0).nonzero(as_tuple=True)
+        by_word[rows[row], word] = float("-inf")
+        row, word = ((words != 0) & (words != -1)).nonzero(as_tuple=True)
+        if row.numel():
+            allowed = (words[row, word].unsqueeze(-1) >> _BIT_SHIFTS) & 1
+            block = by_word[rows[row], word]
+            block.masked_fill_(allowed == 0, float("-inf"))
+            by_word[rows[row], word] = block
+
+
+_BIT_SHIFTS = torch.arange(32, dtype=torch.int32)
+"""Bit i of a bitmask word is id 32 * word + i (xgrammar's layout)."""
 
 
 def _add(stats: GrammarStats, **deltas: float) -> GrammarStats:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from backend.sampling import SamplingBatch, sample
@@ -138,12 +139,13 @@ def test_temperature_scales_the_logits() -> None:
     assert ((counts - probs).abs() <= tolerance).all(), (counts, probs)
 
 
-def test_a_grammar_mask_gives_the_tokens_of_the_masked_logits() -> None:
+@pytest.mark.parametrize("vocab", [200, 256])  # xgrammar's kernel; the word path (V % 32 == 0)
+def test_a_grammar_mask_gives_the_tokens_of_the_masked_logits(vocab: int) -> None:
     """Constrained rows sample only allowed ids, exactly as from logits masked beforehand (the
     same draws), with and without top-k; free rows are untouched."""
     from backend.grammar import RowMask
 
-    rows, vocab = 6, 200
+    rows = 6
     torch.manual_seed(0)
     for trial in range(20):
         logits = torch.randn(rows, vocab) * 3
@@ -154,9 +156,14 @@ def test_a_grammar_mask_gives_the_tokens_of_the_masked_logits() -> None:
             "temperature": [0.0, 0.0, 0.8, 1.0, 1.3, 0.0],
             "top_k": [0] * rows if trial % 2 else [0, 0, 5, 0, 0, 0],  # top-k: mask first
         }
+        bits[0, 1:3] = 0  # whole words refused and allowed, as grammars mostly have
+        bits[2, 2:4] = -1
         mask = RowMask(bits, constrained, vocab)
         expected_logits = logits.clone()
-        mask.apply(expected_logits)
+        for row in constrained:  # by hand, id by id
+            for token in range(vocab):
+                if not (int(bits[row, token // 32]) >> (token % 32)) & 1:
+                    expected_logits[row, token] = float("-inf")
         expected = sample(expected_logits, batch(rows, generators=None, **params))
         masked = batch(rows, generators=None, **params)
         masked.grammar_mask = mask

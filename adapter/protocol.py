@@ -90,34 +90,93 @@ class StreamOptions(OpenAIBaseModel):
     )
 
 
+def json_type(value: Any) -> str:
+    """The JSON name of the type of a value parsed from JSON, for messages."""
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
+
+
+def check_schema_object(schema: Any, where: str, *, parameter: str) -> dict[str, Any]:
+    """A JSON schema must be an object: a 400 naming `where` otherwise (OpenAI's rule; a boolean
+    schema is JSON Schema but not what any client means)."""
+    if not isinstance(schema, dict):
+        raise InvalidRequestError(
+            f"`{where}` must be a JSON schema object, got {json_type(schema)}.",
+            parameter=parameter,
+        )
+    return schema
+
+
 class JsonSchemaFormat(OpenAIBaseModel):
     """`response_format.json_schema` (OpenAI's structured outputs)."""
 
-    name: str | None = Field(default=None, description="The schema's name; not used.")
+    name: str = Field(description="The schema's name; not used.")
     description: str | None = Field(default=None, description="Not used.")
-    schema_: dict[str, Any] | None = Field(
-        default=None, alias="schema", description="The JSON schema the output must match."
+    schema_: dict[str, Any] = Field(
+        alias="schema", description="The JSON schema the output must match."
     )
     strict: bool | None = Field(default=None, description="Accepted; the schema always holds.")
 
 
-class ResponseFormat(OpenAIBaseModel):
-    """`response_format`: free text, any JSON object, or JSON that matches a schema."""
+class ResponseFormatText(OpenAIBaseModel):
+    """`{"type": "text"}`: free text, as without `response_format`."""
 
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
+    type: Literal["text"]
 
     def to_structured_output(self) -> StructuredOutput | None:
-        if self.type == "text":
-            return None
-        if self.type == "json_object":
-            return StructuredOutput(JSON_OBJECT, "")
-        if self.json_schema is None or self.json_schema.schema_ is None:
+        return None
+
+
+class ResponseFormatJsonObject(OpenAIBaseModel):
+    """`{"type": "json_object"}`: any JSON object."""
+
+    type: Literal["json_object"]
+
+    def to_structured_output(self) -> StructuredOutput | None:
+        return StructuredOutput(JSON_OBJECT, "")
+
+
+class ResponseFormatJsonSchema(OpenAIBaseModel):
+    """`{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}`: JSON that
+    matches the schema (what the openai SDK's `parse(response_format=Model)` sends)."""
+
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_json_schema(cls, value: Any) -> Any:
+        """Stable messages naming `response_format`: pydantic's would repeat the union's tag in
+        the path (`response_format.json_schema.json_schema.schema`)."""
+        if not isinstance(value, dict):
+            return value
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or spec.get("schema") is None:
             raise InvalidRequestError(
                 '`response_format` of type "json_schema" needs `json_schema.schema`.',
                 parameter="response_format",
             )
+        if not isinstance(spec.get("name"), str):
+            raise InvalidRequestError(
+                "`response_format.json_schema.name` must be a string.",
+                parameter="response_format",
+            )
+        check_schema_object(
+            spec["schema"], "response_format.json_schema.schema", parameter="response_format"
+        )
+        return value
+
+    def to_structured_output(self) -> StructuredOutput | None:
         return StructuredOutput.json_schema(self.json_schema.schema_)
+
+
+RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
+"""The `type` tags of `ResponseFormat`'s members."""
+ResponseFormat = Annotated[
+    ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema,
+    Field(discriminator="type"),
+]
+"""`response_format`: free text, any JSON object, or JSON that matches a schema."""
 
 
 class StructuredOutputsParams(OpenAIBaseModel):
@@ -423,6 +482,20 @@ class GenerationRequest(OpenAIBaseModel):
                 parameter="structured_outputs",
             )
         return self.structured_outputs.to_structured_output()
+
+    @field_validator("response_format", mode="before")
+    @classmethod
+    def _check_response_format_type(cls, value: Any) -> Any:
+        """A stable message for an unknown or missing `type`, before the union picks a member
+        by it."""
+        if isinstance(value, dict) and value.get("type") not in RESPONSE_FORMAT_TYPES:
+            shown = ", ".join(f'"{kind}"' for kind in RESPONSE_FORMAT_TYPES)
+            raise InvalidRequestError(
+                f"`response_format.type` must be one of {shown}; got {value.get('type')!r}.",
+                parameter="response_format",
+                value=value.get("type"),
+            )
+        return value
 
     @field_validator("stop_token_ids", "allowed_token_ids", "logprob_token_ids", mode="before")
     @classmethod

@@ -104,7 +104,32 @@ BAD = [
         "`whitespace_pattern` is not supported",
     ),
     ({"response_format": {"type": "json_schema"}}, "response_format", "needs `json_schema.schema`"),
-    ({"response_format": {"type": "xml"}}, "response_format", "type"),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+        "response_format",
+        '`response_format` of type "json_schema" needs `json_schema.schema`.',
+    ),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}},
+        "response_format",
+        "`response_format.json_schema.name` must be a string.",
+    ),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}},
+        "response_format",
+        "`response_format.json_schema.schema` must be a JSON schema object, got array.",
+    ),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": True}}},
+        "response_format",
+        "`response_format.json_schema.schema` must be a JSON schema object, got boolean.",
+    ),
+    (
+        {"response_format": {"type": "xml"}},
+        "response_format",
+        '`response_format.type` must be one of "text", "json_object", "json_schema"; got \'xml\'.',
+    ),
+    ({"response_format": {}}, "response_format", "`response_format.type` must be one of"),
     (
         {"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
         "structured_outputs",
@@ -155,3 +180,24 @@ def test_the_tensor_is_bytes_of_one_json_spec() -> None:
     tensor = arrays[contract.STRUCTURED_OUTPUT]
     assert tensor.dtype == np.object_ and tensor.shape == (1,)
     assert StructuredOutput.from_json(tensor[0].decode()) == spec
+
+
+def test_the_openapi_schema_tells_the_response_formats_apart(client: TestClient) -> None:
+    """Clients and fuzzers read a discriminated union: each `type` with its own fields."""
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    for request in ("CompletionRequest", "ChatCompletionRequest"):
+        union, null = schemas[request]["properties"]["response_format"]["anyOf"]
+        assert null == {"type": "null"}
+        assert union["discriminator"] == {
+            "propertyName": "type",
+            "mapping": {
+                kind: f"#/components/schemas/{model}"
+                for kind, model in [
+                    ("json_object", "ResponseFormatJsonObject"),
+                    ("json_schema", "ResponseFormatJsonSchema"),
+                    ("text", "ResponseFormatText"),
+                ]
+            },
+        }
+    assert schemas["ResponseFormatJsonSchema"]["required"] == ["type", "json_schema"]
+    assert schemas["JsonSchemaFormat"]["required"] == ["name", "schema"]

@@ -65,16 +65,18 @@ class OpenAIBaseModel(BaseModel):
             logger.warning("%s: ignoring unknown fields %s", type(self).__name__, ignored)
         return self
 
-    def reject_unsupported(self) -> None:
-        """400 naming the first field of `unsupported` set to a value the server cannot honour."""
+    def reject_unsupported(self, parent: str | None = None) -> None:
+        """400 naming the first field of `unsupported` set to a value the server cannot honour;
+        `parent`: the request field this object is the value of, then the error's `param`."""
         extra = self.model_extra or {}
         for name, accepted in self.unsupported.items():
             value = getattr(self, name) if name in type(self).model_fields else extra.get(name)
             if value is not None and value not in accepted:
                 shown = " or ".join(repr(v) for v in accepted) or "null"
+                where = name if parent is None else f"{parent}.{name}"
                 raise InvalidRequestError(
-                    f"`{name}` is not supported by this server (got {value!r}; only {shown}).",
-                    parameter=name,
+                    f"`{where}` is not supported by this server (got {value!r}; only {shown}).",
+                    parameter=parent or name,
                     value=value,
                 )
 
@@ -187,7 +189,9 @@ class StructuredOutputsParams(OpenAIBaseModel):
         default=None, alias="json", description="A JSON schema (or its JSON text)."
     )
     regex: str | None = Field(default=None, description="The output fully matches it.")
-    choice: list[str] | None = Field(default=None, description="The output is one of these.")
+    choice: list[str] | None = Field(
+        default=None, description="The output is one of these.", json_schema_extra=NON_EMPTY_LIST
+    )
     grammar: str | None = Field(default=None, description="An EBNF (GBNF) grammar.")
     json_object: bool | None = Field(default=None, description="Any JSON object.")
     disable_any_whitespace: bool | None = Field(
@@ -201,12 +205,26 @@ class StructuredOutputsParams(OpenAIBaseModel):
         "structural_tag": (),
     }
 
+    @field_validator("json_", mode="before")
+    @classmethod
+    def _parse_schema(cls, value: Any) -> Any:
+        """The schema as an object, from its JSON text too (vLLM takes both): anything but an
+        object is a 400 here, not a compile error from the model."""
+        if value is None:
+            return None
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise InvalidRequestError(
+                    f"`structured_outputs.json` is not valid JSON: {exc}.",
+                    parameter="structured_outputs",
+                ) from None
+        return check_schema_object(value, "structured_outputs.json", parameter="structured_outputs")
+
     def to_structured_output(self) -> StructuredOutput:
         param = "structured_outputs"
-        try:
-            self.reject_unsupported()
-        except InvalidRequestError as exc:
-            raise InvalidRequestError(str(exc), parameter=param) from None
+        self.reject_unsupported(parent=param)
         kinds = {
             "json": self.json_,
             "regex": self.regex,
@@ -225,8 +243,7 @@ class StructuredOutputsParams(OpenAIBaseModel):
         whitespace = bool(self.disable_any_whitespace)
         try:
             if self.json_ is not None:
-                schema = json.loads(self.json_) if isinstance(self.json_, str) else self.json_
-                return StructuredOutput.json_schema(schema, whitespace)
+                return StructuredOutput.json_schema(self.json_, whitespace)
             if self.json_object:
                 return StructuredOutput(JSON_OBJECT, "", whitespace)
             if self.choice is not None:
@@ -234,7 +251,7 @@ class StructuredOutputsParams(OpenAIBaseModel):
             if self.regex is not None:
                 return StructuredOutput(REGEX, self.regex, whitespace)
             return StructuredOutput(GRAMMAR, self.grammar, whitespace)
-        except ValueError as exc:  # json.JSONDecodeError is one
+        except ValueError as exc:
             raise InvalidRequestError(f"`structured_outputs`: {exc}", parameter=param) from None
 
 

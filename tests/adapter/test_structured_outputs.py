@@ -96,12 +96,48 @@ BAD = [
     ),
     ({"structured_outputs": {"choice": []}}, "structured_outputs", "non-empty list"),
     ({"structured_outputs": {"choice": ["a", ""]}}, "structured_outputs", "non-empty list"),
-    ({"structured_outputs": {"json": "{not json"}}, "structured_outputs", "Expecting"),
-    ({"structured_outputs": {"json": "[1]"}}, "structured_outputs", "an object or a boolean"),
+    (
+        {"structured_outputs": {"json": "{not json"}},
+        "structured_outputs",
+        "`structured_outputs.json` is not valid JSON: Expecting property name",
+    ),
+    *[
+        (
+            {"structured_outputs": {"json": schema}},
+            "structured_outputs",
+            f"`structured_outputs.json` must be a JSON schema object, got {kind}.",
+        )
+        for schema, kind in [
+            ("[1]", "array"),
+            ("true", "boolean"),
+            ("null", "null"),
+            ('"{}"', "string"),
+            (True, "boolean"),
+            (3, "number"),
+            ([SCHEMA], "array"),
+        ]
+    ],
     (
         {"structured_outputs": {"regex": "a", "whitespace_pattern": " "}},
         "structured_outputs",
-        "`whitespace_pattern` is not supported",
+        "`structured_outputs.whitespace_pattern` is not supported by this server (got ' '; "
+        "only null).",
+    ),
+    (
+        {"structured_outputs": {"choice": ["a"], "disable_fallback": True}},
+        "structured_outputs",
+        "`structured_outputs.disable_fallback` is not supported by this server (got True; "
+        "only False).",
+    ),
+    (
+        {"structured_outputs": {"json": SCHEMA, "disable_additional_properties": True}},
+        "structured_outputs",
+        "`structured_outputs.disable_additional_properties` is not supported",
+    ),
+    (
+        {"structured_outputs": {"regex": "a", "structural_tag": "{}"}},
+        "structured_outputs",
+        "`structured_outputs.structural_tag` is not supported",
     ),
     ({"response_format": {"type": "json_schema"}}, "response_format", "needs `json_schema.schema`"),
     (

@@ -65,16 +65,18 @@ class OpenAIBaseModel(BaseModel):
             logger.warning("%s: ignoring unknown fields %s", type(self).__name__, ignored)
         return self
 
-    def reject_unsupported(self) -> None:
-        """400 naming the first field of `unsupported` set to a value the server cannot honour."""
+    def reject_unsupported(self, parent: str | None = None) -> None:
+        """400 naming the first field of `unsupported` set to a value the server cannot honour;
+        `parent`: the request field this object is the value of, then the error's `param`."""
         extra = self.model_extra or {}
         for name, accepted in self.unsupported.items():
             value = getattr(self, name) if name in type(self).model_fields else extra.get(name)
             if value is not None and value not in accepted:
                 shown = " or ".join(repr(v) for v in accepted) or "null"
+                where = name if parent is None else f"{parent}.{name}"
                 raise InvalidRequestError(
-                    f"`{name}` is not supported by this server (got {value!r}; only {shown}).",
-                    parameter=name,
+                    f"`{where}` is not supported by this server (got {value!r}; only {shown}).",
+                    parameter=parent or name,
                     value=value,
                 )
 
@@ -90,34 +92,93 @@ class StreamOptions(OpenAIBaseModel):
     )
 
 
+def json_type(value: Any) -> str:
+    """The JSON name of the type of a value parsed from JSON, for messages."""
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return names.get(type(value), "number")
+
+
+def check_schema_object(schema: Any, where: str, *, parameter: str) -> dict[str, Any]:
+    """A JSON schema must be an object: a 400 naming `where` otherwise (OpenAI's rule; a boolean
+    schema is JSON Schema but not what any client means)."""
+    if not isinstance(schema, dict):
+        raise InvalidRequestError(
+            f"`{where}` must be a JSON schema object, got {json_type(schema)}.",
+            parameter=parameter,
+        )
+    return schema
+
+
 class JsonSchemaFormat(OpenAIBaseModel):
     """`response_format.json_schema` (OpenAI's structured outputs)."""
 
-    name: str | None = Field(default=None, description="The schema's name; not used.")
+    name: str = Field(description="The schema's name; not used.")
     description: str | None = Field(default=None, description="Not used.")
-    schema_: dict[str, Any] | None = Field(
-        default=None, alias="schema", description="The JSON schema the output must match."
+    schema_: dict[str, Any] = Field(
+        alias="schema", description="The JSON schema the output must match."
     )
     strict: bool | None = Field(default=None, description="Accepted; the schema always holds.")
 
 
-class ResponseFormat(OpenAIBaseModel):
-    """`response_format`: free text, any JSON object, or JSON that matches a schema."""
+class ResponseFormatText(OpenAIBaseModel):
+    """`{"type": "text"}`: free text, as without `response_format`."""
 
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
+    type: Literal["text"]
 
     def to_structured_output(self) -> StructuredOutput | None:
-        if self.type == "text":
-            return None
-        if self.type == "json_object":
-            return StructuredOutput(JSON_OBJECT, "")
-        if self.json_schema is None or self.json_schema.schema_ is None:
+        return None
+
+
+class ResponseFormatJsonObject(OpenAIBaseModel):
+    """`{"type": "json_object"}`: any JSON object."""
+
+    type: Literal["json_object"]
+
+    def to_structured_output(self) -> StructuredOutput | None:
+        return StructuredOutput(JSON_OBJECT, "")
+
+
+class ResponseFormatJsonSchema(OpenAIBaseModel):
+    """`{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}`: JSON that
+    matches the schema (what the openai SDK's `parse(response_format=Model)` sends)."""
+
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_json_schema(cls, value: Any) -> Any:
+        """Stable messages naming `response_format`: pydantic's would repeat the union's tag in
+        the path (`response_format.json_schema.json_schema.schema`)."""
+        if not isinstance(value, dict):
+            return value
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or spec.get("schema") is None:
             raise InvalidRequestError(
                 '`response_format` of type "json_schema" needs `json_schema.schema`.',
                 parameter="response_format",
             )
+        if not isinstance(spec.get("name"), str):
+            raise InvalidRequestError(
+                "`response_format.json_schema.name` must be a string.",
+                parameter="response_format",
+            )
+        check_schema_object(
+            spec["schema"], "response_format.json_schema.schema", parameter="response_format"
+        )
+        return value
+
+    def to_structured_output(self) -> StructuredOutput | None:
         return StructuredOutput.json_schema(self.json_schema.schema_)
+
+
+RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
+"""The `type` tags of `ResponseFormat`'s members."""
+ResponseFormat = Annotated[
+    ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema,
+    Field(discriminator="type"),
+]
+"""`response_format`: free text, any JSON object, or JSON that matches a schema."""
 
 
 class StructuredOutputsParams(OpenAIBaseModel):
@@ -128,7 +189,9 @@ class StructuredOutputsParams(OpenAIBaseModel):
         default=None, alias="json", description="A JSON schema (or its JSON text)."
     )
     regex: str | None = Field(default=None, description="The output fully matches it.")
-    choice: list[str] | None = Field(default=None, description="The output is one of these.")
+    choice: list[str] | None = Field(
+        default=None, description="The output is one of these.", json_schema_extra=NON_EMPTY_LIST
+    )
     grammar: str | None = Field(default=None, description="An EBNF (GBNF) grammar.")
     json_object: bool | None = Field(default=None, description="Any JSON object.")
     disable_any_whitespace: bool | None = Field(
@@ -142,12 +205,26 @@ class StructuredOutputsParams(OpenAIBaseModel):
         "structural_tag": (),
     }
 
+    @field_validator("json_", mode="before")
+    @classmethod
+    def _parse_schema(cls, value: Any) -> Any:
+        """The schema as an object, from its JSON text too (vLLM takes both): anything but an
+        object is a 400 here, not a compile error from the model."""
+        if value is None:
+            return None
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise InvalidRequestError(
+                    f"`structured_outputs.json` is not valid JSON: {exc}.",
+                    parameter="structured_outputs",
+                ) from None
+        return check_schema_object(value, "structured_outputs.json", parameter="structured_outputs")
+
     def to_structured_output(self) -> StructuredOutput:
         param = "structured_outputs"
-        try:
-            self.reject_unsupported()
-        except InvalidRequestError as exc:
-            raise InvalidRequestError(str(exc), parameter=param) from None
+        self.reject_unsupported(parent=param)
         kinds = {
             "json": self.json_,
             "regex": self.regex,
@@ -166,8 +243,7 @@ class StructuredOutputsParams(OpenAIBaseModel):
         whitespace = bool(self.disable_any_whitespace)
         try:
             if self.json_ is not None:
-                schema = json.loads(self.json_) if isinstance(self.json_, str) else self.json_
-                return StructuredOutput.json_schema(schema, whitespace)
+                return StructuredOutput.json_schema(self.json_, whitespace)
             if self.json_object:
                 return StructuredOutput(JSON_OBJECT, "", whitespace)
             if self.choice is not None:
@@ -175,7 +251,7 @@ class StructuredOutputsParams(OpenAIBaseModel):
             if self.regex is not None:
                 return StructuredOutput(REGEX, self.regex, whitespace)
             return StructuredOutput(GRAMMAR, self.grammar, whitespace)
-        except ValueError as exc:  # json.JSONDecodeError is one
+        except ValueError as exc:
             raise InvalidRequestError(f"`structured_outputs`: {exc}", parameter=param) from None
 
 
@@ -423,6 +499,20 @@ class GenerationRequest(OpenAIBaseModel):
                 parameter="structured_outputs",
             )
         return self.structured_outputs.to_structured_output()
+
+    @field_validator("response_format", mode="before")
+    @classmethod
+    def _check_response_format_type(cls, value: Any) -> Any:
+        """A stable message for an unknown or missing `type`, before the union picks a member
+        by it."""
+        if isinstance(value, dict) and value.get("type") not in RESPONSE_FORMAT_TYPES:
+            shown = ", ".join(f'"{kind}"' for kind in RESPONSE_FORMAT_TYPES)
+            raise InvalidRequestError(
+                f"`response_format.type` must be one of {shown}; got {value.get('type')!r}.",
+                parameter="response_format",
+                value=value.get("type"),
+            )
+        return value
 
     @field_validator("stop_token_ids", "allowed_token_ids", "logprob_token_ids", mode="before")
     @classmethod

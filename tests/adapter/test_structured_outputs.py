@@ -4,16 +4,19 @@ with `n` and streaming; each bad form's 400; a model-side compile error named by
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from openai import OpenAI
+from pydantic import BaseModel
 
 from adapter.errors import TritonInputError
-from adapter.tensors import llm_inputs
+from adapter.tensors import TritonRequest, llm_inputs
 from backend import contract
 from backend.structured_output import StructuredOutput
-from tests.adapter.fakes import FakeEngine, output
+from tests.adapter.fakes import FakeEngine, model_script, output
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -96,15 +99,76 @@ BAD = [
     ),
     ({"structured_outputs": {"choice": []}}, "structured_outputs", "non-empty list"),
     ({"structured_outputs": {"choice": ["a", ""]}}, "structured_outputs", "non-empty list"),
-    ({"structured_outputs": {"json": "{not json"}}, "structured_outputs", "Expecting"),
-    ({"structured_outputs": {"json": "[1]"}}, "structured_outputs", "an object or a boolean"),
+    (
+        {"structured_outputs": {"json": "{not json"}},
+        "structured_outputs",
+        "`structured_outputs.json` is not valid JSON: Expecting property name",
+    ),
+    *[
+        (
+            {"structured_outputs": {"json": schema}},
+            "structured_outputs",
+            f"`structured_outputs.json` must be a JSON schema object, got {kind}.",
+        )
+        for schema, kind in [
+            ("[1]", "array"),
+            ("true", "boolean"),
+            ("null", "null"),
+            ('"{}"', "string"),
+            (True, "boolean"),
+            (3, "number"),
+            ([SCHEMA], "array"),
+        ]
+    ],
     (
         {"structured_outputs": {"regex": "a", "whitespace_pattern": " "}},
         "structured_outputs",
-        "`whitespace_pattern` is not supported",
+        "`structured_outputs.whitespace_pattern` is not supported by this server (got ' '; "
+        "only null).",
+    ),
+    (
+        {"structured_outputs": {"choice": ["a"], "disable_fallback": True}},
+        "structured_outputs",
+        "`structured_outputs.disable_fallback` is not supported by this server (got True; "
+        "only False).",
+    ),
+    (
+        {"structured_outputs": {"json": SCHEMA, "disable_additional_properties": True}},
+        "structured_outputs",
+        "`structured_outputs.disable_additional_properties` is not supported",
+    ),
+    (
+        {"structured_outputs": {"regex": "a", "structural_tag": "{}"}},
+        "structured_outputs",
+        "`structured_outputs.structural_tag` is not supported",
     ),
     ({"response_format": {"type": "json_schema"}}, "response_format", "needs `json_schema.schema`"),
-    ({"response_format": {"type": "xml"}}, "response_format", "type"),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+        "response_format",
+        '`response_format` of type "json_schema" needs `json_schema.schema`.',
+    ),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}},
+        "response_format",
+        "`response_format.json_schema.name` must be a string.",
+    ),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}},
+        "response_format",
+        "`response_format.json_schema.schema` must be a JSON schema object, got array.",
+    ),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": True}}},
+        "response_format",
+        "`response_format.json_schema.schema` must be a JSON schema object, got boolean.",
+    ),
+    (
+        {"response_format": {"type": "xml"}},
+        "response_format",
+        '`response_format.type` must be one of "text", "json_object", "json_schema"; got \'xml\'.',
+    ),
+    ({"response_format": {}}, "response_format", "`response_format.type` must be one of"),
     (
         {"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
         "structured_outputs",
@@ -148,10 +212,120 @@ def test_a_compile_error_from_the_model_names_the_field_used(
 
 
 def test_the_tensor_is_bytes_of_one_json_spec() -> None:
-    from adapter.tensors import TritonRequest
-
     spec = StructuredOutput("choice", ("ja", "nein"))
     arrays = llm_inputs(TritonRequest(prompt_ids=(1,), structured_output=spec), [1])
     tensor = arrays[contract.STRUCTURED_OUTPUT]
     assert tensor.dtype == np.object_ and tensor.shape == (1,)
     assert StructuredOutput.from_json(tensor[0].decode()) == spec
+
+
+def test_the_openapi_schema_tells_the_response_formats_apart(client: TestClient) -> None:
+    """Clients and fuzzers read a discriminated union: each `type` with its own fields."""
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    for request in ("CompletionRequest", "ChatCompletionRequest"):
+        union, null = schemas[request]["properties"]["response_format"]["anyOf"]
+        assert null == {"type": "null"}
+        assert union["discriminator"] == {
+            "propertyName": "type",
+            "mapping": {
+                kind: f"#/components/schemas/{model}"
+                for kind, model in [
+                    ("json_object", "ResponseFormatJsonObject"),
+                    ("json_schema", "ResponseFormatJsonSchema"),
+                    ("text", "ResponseFormatText"),
+                ]
+            },
+        }
+    assert schemas["ResponseFormatJsonSchema"]["required"] == ["type", "json_schema"]
+    assert schemas["JsonSchemaFormat"]["required"] == ["name", "schema"]
+
+
+class Verdict(BaseModel):
+    label: Literal["yes", "no"]
+    score: int
+
+
+def test_the_sdk_parse_into_a_pydantic_model(client: TestClient, engine: FakeEngine) -> None:
+    """`client.beta.chat.completions.parse(response_format=Model)` sends a strict json_schema
+    (`name`, `schema`, `strict: true`, `stream: false`) and parses the reply into the model."""
+    engine.script = [output(text='{"label": "yes", "score": 3}', finish_reason="stop")]
+    sdk = OpenAI(base_url=f"{client.base_url}/v1", api_key="unused", http_client=client)
+    reply = sdk.beta.chat.completions.parse(
+        model="tiny", messages=[{"role": "user", "content": "Hi"}], response_format=Verdict
+    )
+    assert reply.choices[0].message.parsed == Verdict(label="yes", score=3)
+    [(params, _)] = engine.requests
+    assert params.structured_output == StructuredOutput.json_schema(
+        {
+            "additionalProperties": False,
+            "properties": {
+                "label": {"enum": ["yes", "no"], "title": "Label", "type": "string"},
+                "score": {"title": "Score", "type": "integer"},
+            },
+            "required": ["label", "score"],
+            "title": "Verdict",
+            "type": "object",
+        }
+    )
+
+
+def test_equal_schemas_are_sent_as_one_text(client: TestClient, engine: FakeEngine) -> None:
+    """The schema goes out canonical (sorted keys), whichever field and key order the client
+    used: the model's compile cache then holds one entry for it."""
+    shuffled = {"required": ["a"], "type": "object", "properties": {"a": {"type": "integer"}}}
+    requests = [
+        (COMPLETIONS, {"structured_outputs": {"json": SCHEMA}}),
+        (COMPLETIONS, {"structured_outputs": {"json": json.dumps(shuffled)}}),
+        (
+            CHAT,
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "a", "schema": shuffled, "strict": None},
+                }
+            },
+        ),
+    ]
+    for path, fields in requests:
+        assert client.post(path, json=body(path, **fields)).status_code == 200
+    texts = [
+        llm_inputs(params, [1])[contract.STRUCTURED_OUTPUT][0].decode()
+        for params, _ in engine.requests
+    ]
+    canonical = (
+        '{"type": "json", "value": {"properties": {"a": {"type": "integer"}}, '
+        '"required": ["a"], "type": "object"}}'
+    )
+    assert texts == [canonical] * 3
+
+
+def test_every_prompt_and_sample_of_a_batch_gets_the_spec(
+    client: TestClient, engine: FakeEngine
+) -> None:
+    fields = {"prompt": ["a", "b"], "n": 2, "structured_outputs": {"choice": ["yes", "no"]}}
+    response = client.post(COMPLETIONS, json=body(COMPLETIONS, **fields))
+    assert response.status_code == 200, response.text
+    assert [c["index"] for c in response.json()["choices"]] == [0, 1, 2, 3]
+    assert sorted(params.text for params, _ in engine.requests) == ["a", "a", "b", "b"]
+    assert _sent(engine) == [{"type": "choice", "value": ["yes", "no"]}] * 4
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_and_echo_go_with_the_spec(
+    client: TestClient, engine: FakeEngine, stream: bool
+) -> None:
+    """The logprobs stay the model's business (raw, before the mask): the request keeps them."""
+    engine.respond = model_script
+    fields = {
+        "prompt": [5, 6],
+        "echo": True,
+        "logprobs": 1,
+        "logprob_token_ids": [3, 4],
+        "stream": stream,
+        "structured_outputs": {"regex": "[ab]+"},
+    }
+    response = client.post(COMPLETIONS, json=body(COMPLETIONS, **fields))
+    assert response.status_code == 200, response.text
+    [(params, _)] = engine.requests
+    assert (params.logprobs, params.logprob_token_ids, params.prompt_logprobs) == (0, (3, 4), 1)
+    assert params.structured_output == StructuredOutput("regex", "[ab]+")

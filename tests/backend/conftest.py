@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from backend.engine import Engine
+from backend.model_runner import ModelRunner
 from tests.backend.triton_config import MODEL_REPOSITORY, config_parameters, model_config_json
 from tests.fakes import pb_utils as fake_pb_utils
 
@@ -86,3 +88,18 @@ def preprocessing_model(
     model = import_model("preprocessing").TritonPythonModel()
     model.initialize(model_args("preprocessing", decoupled=None))
     return model
+
+
+@pytest.fixture(scope="module")
+def runner(model_dir: Path) -> ModelRunner:
+    """16 slots of 256 positions on the test model (a module may define its own)."""
+    return ModelRunner(str(model_dir), max_num_seqs=16, max_model_len=256)
+
+
+@pytest.fixture
+def engine(runner: ModelRunner) -> Iterator[Engine]:
+    """A started engine on `runner`, stopped after the test."""
+    engine = Engine(runner)
+    engine.start()
+    yield engine
+    engine.stop()

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from backend.default_model import PASSAGE
 from backend.engine import Engine
@@ -23,19 +22,6 @@ def run(engine: Engine, requests: list[GenerationParams], sinks=None) -> list[Re
     for sink in sinks:
         assert sink.done.wait(120), "a request never finished"
     return sinks
-
-
-@pytest.fixture(scope="module")
-def runner(model_dir: Path) -> ModelRunner:
-    return ModelRunner(str(model_dir), max_num_seqs=16, max_model_len=256)
-
-
-@pytest.fixture
-def engine(runner: ModelRunner):
-    engine = Engine(runner)
-    engine.start()
-    yield engine
-    engine.stop()
 
 
 def _requests(model_dir: Path, count: int) -> list[GenerationParams]:

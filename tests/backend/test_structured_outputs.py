@@ -59,19 +59,6 @@ def conforms(kind: str, text: str) -> bool:
     return isinstance(value, dict)
 
 
-@pytest.fixture(scope="module")
-def runner(model_dir: Path) -> ModelRunner:
-    return ModelRunner(str(model_dir), max_num_seqs=16, max_model_len=256)
-
-
-@pytest.fixture
-def engine(runner: ModelRunner):
-    engine = Engine(runner)
-    engine.start()
-    yield engine
-    engine.stop()
-
-
 def _prompt(model_dir: Path) -> list[int]:
     """A prompt whose greedy `json_object` closes at once (the model is built deterministically)."""
     return tokenizer(model_dir)("Triton serves the model")["input_ids"]

@@ -16,17 +16,8 @@ import pydantic
 import pytest
 
 from tests.integration.openai_support import MODEL, sse_events
+from tests.integration.test_structured_outputs import LABELS, SCHEMA
 
-LABELS = ["spam", "ham", "unsure"]
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "label": {"enum": ["spam", "ham"]},
-        "confidence": {"type": "integer", "minimum": 0, "maximum": 9},
-    },
-    "required": ["label", "confidence"],
-    "additionalProperties": False,
-}
 CHAT = [{"role": "user", "content": "Is this spam?"}]
 
 
@@ -57,7 +48,7 @@ def _streamed_text(http: httpx.Client, path: str, body: dict) -> str:
 def test_choice_on_completions_with_n_and_logprobs(http: httpx.Client) -> None:
     body = _completion(
         http,
-        structured_outputs={"choice": LABELS},
+        structured_outputs={"choice": list(LABELS)},
         n=3,
         temperature=1.0,
         seed=5,
@@ -127,4 +118,5 @@ def test_a_spec_the_model_cannot_compile_is_a_400_naming_the_field(http: httpx.C
     error = reply.json()["error"]
     assert error["param"] == "structured_outputs" and "does not compile" in error["message"]
     # The server goes on.
-    assert _completion(http, structured_outputs={"choice": LABELS})["choices"][0]["text"] in LABELS
+    after = _completion(http, structured_outputs={"choice": list(LABELS)})
+    assert after["choices"][0]["text"] in LABELS

@@ -19,7 +19,7 @@ from backend import contract
 from backend.structured_output import StructuredOutput
 from tests.integration.openai_support import held, metric, wait_for
 from tests.reference import tokenizer
-from tests.streaming import Streamer, generate
+from tests.streaming import Streamer, StreamResult, generate
 
 SCHEMA = {
     "type": "object",
@@ -48,6 +48,14 @@ def _inputs(
     return arrays
 
 
+def _sampled(
+    url: str, prompt_ids: list[int], spec: StructuredOutput, temperature: float, seed: int
+) -> StreamResult:
+    temperatures = np.array([temperature], dtype=np.float32)
+    seeds = np.array([seed], dtype=np.int64)
+    return generate(url, "llm", _inputs(prompt_ids, spec, TEMPERATURE=temperatures, SEED=seeds))
+
+
 @pytest.fixture(scope="module")
 def prompt_ids(model_dir) -> list[int]:
     return tokenizer(model_dir)(PROMPT)["input_ids"]
@@ -56,16 +64,7 @@ def prompt_ids(model_dir) -> list[int]:
 def test_choice_is_always_one_of_the_choices(triton_server, prompt_ids) -> None:
     spec = StructuredOutput("choice", LABELS)
     for seed in range(6):
-        result = generate(
-            triton_server.grpc_url,
-            "llm",
-            _inputs(
-                prompt_ids,
-                spec,
-                TEMPERATURE=np.array([1.0], dtype=np.float32),
-                SEED=np.array([seed], dtype=np.int64),
-            ),
-        )
+        result = _sampled(triton_server.grpc_url, prompt_ids, spec, 1.0, seed)
         assert result.error is None, result.error
         assert result.text in LABELS and result.finish_reason == "stop"
 
@@ -82,16 +81,7 @@ def test_regex_output_fully_matches(triton_server, prompt_ids) -> None:
 def test_json_schema_output_validates(triton_server, prompt_ids, temperature: float) -> None:
     spec = StructuredOutput.json_schema(SCHEMA, disable_any_whitespace=True)
     for seed in range(4 if temperature else 1):
-        result = generate(
-            triton_server.grpc_url,
-            "llm",
-            _inputs(
-                prompt_ids,
-                spec,
-                TEMPERATURE=np.array([temperature], dtype=np.float32),
-                SEED=np.array([seed], dtype=np.int64),
-            ),
-        )
+        result = _sampled(triton_server.grpc_url, prompt_ids, spec, temperature, seed)
         assert result.error is None and result.finish_reason == "stop", result.text
         jsonschema.validate(json.loads(result.text), SCHEMA)
 

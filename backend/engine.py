@@ -104,7 +104,8 @@ class _Sequence:
     matcher: xgr.GrammarMatcher | None = None
 
     def next_logits(self) -> torch.Tensor:
-        """The logits the next token is sampled from (set by prefill, then by each decode)."""
+        """The logits the next token is sampled from (set by each decode, None once sampled:
+        a prompt's first token is sampled right after its prefill)."""
         if self.logits is None:
             raise RuntimeError(f"request {self.params.request_id}: no logits to sample from")
         return self.logits
@@ -326,7 +327,6 @@ class Engine:
         )
         if params.wants_prompt_logprobs:
             seq.prompt = self._prompt_logprobs(params, logits[:-1])
-        seq.logits = logits[-1]
         seq.cached_len = len(params.prompt_ids)
         logger.debug(
             "request %s: %d prompt tokens in slot %d",
@@ -337,7 +337,11 @@ class Engine:
         if params.max_tokens == 0:
             self._finish(seq, self._empty_output(seq, LENGTH))
             return
-        self._active.append(seq)
+        # Its first token now, not after the other admissions' prefills: a burst of 16 prompts
+        # otherwise waits for all 16 (docs/design.md, "Time to first token").
+        self._sample([seq], logits[-1:])
+        if not seq.finished:
+            self._active.append(seq)
 
     def _prompt_logprobs(self, params: GenerationParams, logits: torch.Tensor) -> PromptLogprobs:
         """One kernel call over the prompt positions: position i scores token i + 1."""
@@ -361,20 +365,12 @@ class Engine:
         )
 
     def _step(self) -> None:
+        """Sample every row that has logits (the rows admitted since the last step were sampled
+        at admission), then one decode for all active rows."""
         self._drop_cancelled()
-        rows = self._active
-        if not rows:
-            return
-        logits = self._batch_logits(rows)
-        batch = batch_from_rows([s.sampling for s in rows], self.runner.vocab_size, logits.device)
-        constrained = [(row, s.matcher) for row, s in enumerate(rows) if s.matcher is not None]
-        if constrained and self._bitmask is not None:
-            batch.grammar_mask = self._bitmask.fill(constrained)
-        sampled = sample(logits, batch)
-        gathered = self._gather(logits, sampled, rows)
-        sampled_ids = sampled.tolist()
-        for row, (seq, token) in enumerate(zip(rows, sampled_ids, strict=True)):
-            self._advance(seq, row, token, gathered)
+        rows = [seq for seq in self._active if seq.logits is not None]
+        if rows:
+            self._sample(rows, self._batch_logits(rows))
         self._compact()
         if self._active:
             new_logits = self.runner.decode(
@@ -385,6 +381,18 @@ class Engine:
                 seq.logits = row_logits
                 seq.cached_len += 1
             self._decoded = (new_logits, list(self._active))
+
+    def _sample(self, rows: list[_Sequence], logits: torch.Tensor) -> None:
+        """One token for each row from `logits` [len(rows), V], with its logprobs and output."""
+        batch = batch_from_rows([s.sampling for s in rows], self.runner.vocab_size, logits.device)
+        constrained = [(row, s.matcher) for row, s in enumerate(rows) if s.matcher is not None]
+        if constrained and self._bitmask is not None:
+            batch.grammar_mask = self._bitmask.fill(constrained)
+        sampled = sample(logits, batch)
+        gathered = self._gather(logits, sampled, rows)
+        for row, (seq, token) in enumerate(zip(rows, sampled.tolist(), strict=True)):
+            seq.logits = None
+            self._advance(seq, row, token, gathered)
 
     def _batch_logits(self, rows: list[_Sequence]) -> torch.Tensor:
         if self._decoded is not None:

@@ -127,3 +127,47 @@ def test_a_full_queue_refuses_with_server_busy(model_dir):
     assert not any(sink.done.is_set() for sink in queued)
     engine.stop()
     assert all(sink.kind == INTERNAL and "shutting down" in sink.error for sink in queued)
+
+
+def test_each_admitted_prompt_gets_its_first_token_before_the_next_prefill(
+    runner, model_dir, monkeypatch
+):
+    """A burst of prompts: each one's first token goes out right after its own prefill, not
+    after all of theirs (which made a burst of 16 wait for 16 prefills)."""
+    events: list[tuple[str, int]] = []
+    prefill = runner.prefill
+
+    def recorded_prefill(slot, prompt_ids, all_positions=False):
+        events.append(("prefill", slot))
+        return prefill(slot, prompt_ids, all_positions=all_positions)
+
+    class FirstTokenSink(RecordingSink):
+        def __init__(self, index: int) -> None:
+            super().__init__()
+            self.index = index
+
+        def send(self, output):
+            if not self.outputs:
+                events.append(("first token", self.index))
+            super().send(output)
+
+    monkeypatch.setattr(runner, "prefill", recorded_prefill)
+    engine = Engine(runner)
+    requests = _requests(model_dir, 4)
+    sinks = [FirstTokenSink(i) for i in range(4)]
+    for params, sink in zip(requests, sinks, strict=True):
+        engine.submit(params, sink)  # all queued before the engine thread runs
+    engine.start()
+    try:
+        for sink in sinks:
+            assert sink.done.wait(120), "a request never finished"
+    finally:
+        engine.stop()
+    assert events == [e for i in range(4) for e in (("prefill", i), ("first token", i))]
+    solo = Engine(runner)
+    solo.start()
+    try:
+        alone = [run(solo, [params])[0].token_ids for params in requests]
+    finally:
+        solo.stop()
+    assert [s.token_ids for s in sinks] == alone

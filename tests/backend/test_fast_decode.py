@@ -102,3 +102,28 @@ def test_other_models_keep_transformers_decode(
     assert reason in runner.fast_decode_off_reason
     logits = _run(runner, [[1, 2, 3], [4, 5]], 2)
     assert all(torch.isfinite(step).all() for step in logits)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_cpu_lm_head_is_column_major_with_the_same_logits(
+    tied: bool, model_dir: Path, tmp_path: Path
+) -> None:
+    """The runner re-lays the output projection on CPU (docs/design.md, "The engine step"):
+    same values, transposed storage, and prefill and decode logits equal to the model as
+    loaded; a tied input embedding keeps its row-major weight."""
+    path = str(_save(LlamaConfig(**_SIZES, tie_word_embeddings=tied), model_dir, tmp_path / "m"))
+    loaded = AutoModelForCausalLM.from_pretrained(path).eval()
+    runner = ModelRunner(path, device="cpu", max_num_seqs=2, max_model_len=128)
+    head = runner.model.get_output_embeddings().weight
+    embed = runner.model.get_input_embeddings().weight
+    assert head.stride() == (1, 1024)
+    assert torch.equal(head, loaded.get_output_embeddings().weight)
+    assert embed.stride() == (64, 1)
+    assert torch.equal(embed, loaded.get_input_embeddings().weight)
+    prompt = list(range(5, 25))
+    with torch.inference_mode():
+        want = loaded(input_ids=torch.tensor([prompt])).logits[0]
+    got = runner.prefill(0, prompt[:-1], all_positions=True)
+    assert (got - want[:-1]).abs().max().item() <= 1e-5
+    got_next = runner.decode([prompt[-1]], [len(prompt) - 1])
+    assert (got_next[0] - want[-1]).abs().max().item() <= 1e-5

@@ -1,11 +1,11 @@
-"""A lean decode step for Llama-family decoders (Llama, Mistral, Qwen2, Qwen3).
+"""A lean decode step and prefill for Llama-family decoders (Llama, Mistral, Qwen2, Qwen3).
 
 Why: a decode step feeds one token per sequence, so with a small model the work per layer is a
 few tiny GEMMs, and transformers' per-module Python (hooks, kwargs plumbing, config lookups,
-mask and attention dispatch) costs more than the arithmetic: ~1 ms per layer on this CPU. This
+mask and attention dispatch) costs more than the arithmetic: ~1 ms per layer on this CPU. A
+prefill of a short prompt is as small, and holds the engine thread (and the GIL) as long. This
 runs the same math on the same weights (the model's own parameters and rotary module, the
-`SlotKVCache` layers' `update`) as straight torch calls. Prefill stays on transformers'
-forward: it runs once per request and its per-module cost is spread over the whole prompt.
+`SlotKVCache` layers' `update`) as straight torch calls.
 
 `unsupported_reason` decides, from the module structure, whether a model qualifies; anything
 else (other architectures, sliding windows, biases on o_proj/MLP) keeps transformers' decode.
@@ -13,6 +13,7 @@ else (other architectures, sliding windows, biases on o_proj/MLP) keeps transfor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +72,8 @@ def unsupported_reason(model: Any) -> str | None:
 
 
 class FastDecoder:
-    """One decode step for rows 0..B-1 of a `SlotKVCache` (whose plan the caller has set)."""
+    """One decode step for rows 0..B-1 of a `SlotKVCache`, or one prompt's prefill into a slot
+    (the cache's plan, which the caller sets, says which)."""
 
     def __init__(self, model: Any, cache: SlotKVCache) -> None:
         reason = unsupported_reason(model)
@@ -114,27 +116,63 @@ class FastDecoder:
     def __call__(
         self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
-        """`tokens`, `positions`: [B]; `mask`: additive [B, 1, 1, L]. Returns logits [B, V]."""
+        """Decode: `tokens`, `positions`: [B]; `mask`: additive [B, 1, 1, L]. Logits [B, V]."""
         batch = tokens.shape[0]
         groups = self._heads // self._kv_heads
-        hidden = F.embedding(tokens, self._embed).unsqueeze(1)  # [B, 1, hidden]
-        cos, sin = self._rotary(hidden, positions.unsqueeze(1))
+
+        def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+            # One query per row: attend on the kv heads, a kv head's query heads as its rows
+            # (transformers' `pack_gqa`), so keys and values are never repeated.
+            q = q.reshape(batch, self._kv_heads, groups, self._head_dim)
+            out = F.scaled_dot_product_attention(q, keys, values, mask, scale=self._scaling)
+            return out.reshape(batch, 1, -1)
+
+        hidden = self._layers_forward(tokens.unsqueeze(1), positions.unsqueeze(1), attend)
+        return self._logits(hidden[:, 0])
+
+    @torch.inference_mode()
+    def prefill(self, tokens: torch.Tensor, all_positions: bool) -> torch.Tensor:
+        """One prompt `tokens` [P] into the slot the cache's prefill plan names, attending
+        causally. Logits [P, V] when `all_positions`, else [1, V] for the last position."""
+        length = tokens.shape[0]
+        gqa = self._kv_heads != self._heads
+
+        def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+            out = F.scaled_dot_product_attention(
+                q, keys, values, is_causal=True, scale=self._scaling, enable_gqa=gqa
+            )
+            return out.transpose(1, 2).reshape(1, length, -1)
+
+        positions = torch.arange(length, device=tokens.device).unsqueeze(0)
+        hidden = self._layers_forward(tokens.unsqueeze(0), positions, attend)
+        return self._logits(hidden[0] if all_positions else hidden[0, -1:])
+
+    def _layers_forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """`tokens`, `positions`: [B, T] -> hidden states [B, T, hidden] after the last layer;
+        `attend(q [B, heads, T, D], keys, values)` gives the attention output [B, T, heads * D]."""
+        batch, steps = tokens.shape
+        hidden = F.embedding(tokens, self._embed)
+        cos, sin = self._rotary(hidden, positions)
         for index, layer in enumerate(self._layers):
             x = _rms_norm(hidden, layer.input_norm)
-            q = F.linear(x, *layer.q).view(batch, 1, self._heads, self._head_dim)
-            k = F.linear(x, *layer.k).view(batch, 1, self._kv_heads, self._head_dim)
-            v = F.linear(x, *layer.v).view(batch, 1, self._kv_heads, self._head_dim)
+            q = F.linear(x, *layer.q).view(batch, steps, self._heads, self._head_dim)
+            k = F.linear(x, *layer.k).view(batch, steps, self._kv_heads, self._head_dim)
+            v = F.linear(x, *layer.v).view(batch, steps, self._kv_heads, self._head_dim)
             if layer.q_norm is not None and layer.k_norm is not None:
                 q, k = _rms_norm(q, layer.q_norm), _rms_norm(k, layer.k_norm)
             q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
             keys, values = self._cache.slot_layers[index].update(k, v.transpose(1, 2))
-            # One query per row: attend on the kv heads, a kv head's query heads as its rows
-            # (transformers' `pack_gqa`), so keys and values are never repeated.
-            q = q.reshape(batch, self._kv_heads, groups, self._head_dim)
-            attn = F.scaled_dot_product_attention(q, keys, values, mask, scale=self._scaling)
-            hidden = hidden + F.linear(attn.reshape(batch, 1, -1), layer.o)
+            hidden = hidden + F.linear(attend(q, keys, values), layer.o)
             x = _rms_norm(hidden, layer.post_norm)
             hidden = hidden + F.linear(
                 F.silu(F.linear(x, layer.gate)) * F.linear(x, layer.up), layer.down
             )
-        return F.linear(_rms_norm(hidden[:, 0], self._final_norm), self._lm_head)
+        return hidden
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(_rms_norm(hidden, self._final_norm), self._lm_head)

@@ -121,10 +121,12 @@ class ModelRunner:
         `all_positions` (prompt logprobs), else [1, V]; the last row is for the next token."""
         length = len(prompt_ids)
         ids = torch.tensor([prompt_ids], device=self.device)
+        self.cache.plan_prefill(slot, length)
+        if self._fast is not None:
+            return self._fast.prefill(ids[0], all_positions)
         causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril()
         mask = torch.zeros(1, 1, length, length, dtype=self.dtype, device=self.device)
         mask.masked_fill_(~causal, self._mask_min)
-        self.cache.plan_prefill(slot, length)
         out = self.model(
             input_ids=ids,
             position_ids=torch.arange(length, device=self.device).unsqueeze(0),

@@ -1,5 +1,6 @@
 """`backend.fast_decode` against transformers' own forward, on tiny random models of each family
-it claims: the same weights and slot cache, ragged rows, several steps."""
+it claims: the same weights and slot cache, prefill of every position, ragged rows, several
+decode steps."""
 
 from __future__ import annotations
 
@@ -60,11 +61,10 @@ def _save(config: PretrainedConfig, tokenizer_dir: Path, out: Path) -> Path:
 
 
 def _run(runner: ModelRunner, prompts: list[list[int]], steps: int) -> list[torch.Tensor]:
-    """Prefill each prompt into its slot, then `steps` decodes of all rows; the logits of each."""
-    for slot, prompt in enumerate(prompts):
-        runner.prefill(slot, prompt)
+    """Prefill each prompt into its slot (the logits of every position), then `steps` decodes
+    of all rows; the logits of each."""
+    out = [runner.prefill(slot, prompt, all_positions=True) for slot, prompt in enumerate(prompts)]
     positions = [len(p) for p in prompts]
-    out = []
     for step in range(steps):
         tokens = [(7 * step + 3 * row) % 1000 for row in range(len(prompts))]
         out.append(runner.decode(tokens, positions))
@@ -80,10 +80,15 @@ def test_fast_decode_equals_transformers(family: str, model_dir: Path, tmp_path:
     assert fast.fast_decode_off_reason is None
     assert slow.fast_decode_off_reason == "fast_decode is off"
     prompts = [list(range(1, 12)), list(range(40, 43)), list(range(100, 130))]
-    for got, want in zip(_run(fast, prompts, 6), _run(slow, prompts, 6), strict=True):
-        assert got.shape == want.shape == (3, 1024)
-        assert torch.isfinite(want).all()
-        assert (got - want).abs().max().item() <= 1e-5
+    got, want = _run(fast, prompts, 6), _run(slow, prompts, 6)
+    shapes = [(len(p), 1024) for p in prompts] + [(3, 1024)] * 6
+    assert [tuple(t.shape) for t in got] == [tuple(t.shape) for t in want] == shapes
+    for got_step, want_step in zip(got, want, strict=True):
+        assert torch.isfinite(want_step).all()
+        assert (got_step - want_step).abs().max().item() <= 1e-5
+    last = fast.prefill(0, prompts[0])  # the last position alone
+    assert last.shape == (1, 1024)
+    assert (last[0] - got[0][-1]).abs().max().item() <= 1e-5
 
 
 @pytest.mark.parametrize(

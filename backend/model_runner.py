@@ -55,9 +55,9 @@ def column_major_lm_head(model: Any) -> None:
     embedding keeps its row-major copy, so the untied copy costs V x H more memory.
     """
     head = model.get_output_embeddings()
-    weight = head.weight
-    if weight.dim() != 2 or weight.stride(0) == 1:
-        return
+    weight = getattr(head, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.stride(0) == 1:
+        return  # no plain output projection, or already column-major
     head.weight = torch.nn.Parameter(weight.detach().t().contiguous().t(), requires_grad=False)
 
 

@@ -8,7 +8,7 @@ runs the same math on the same weights (the model's own parameters and rotary mo
 `SlotKVCache` layers' `update`) as straight torch calls.
 
 `unsupported_reason` decides, from the module structure, whether a model qualifies; anything
-else (other architectures, sliding windows, biases on o_proj/MLP) keeps transformers' decode.
+else (other architectures, sliding windows, biases on o_proj/MLP) keeps transformers' forward.
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ class ModelRunner:
         fast_decode: bool = True,
     ) -> None:
         """`max_model_len` 0 = the model's context; `kv_cache_bytes` 0 = room for every slot;
-        `fast_decode`: decode through `FastDecoder` when the model qualifies."""
+        `fast_decode`: decode and prefill through `FastDecoder` when the model qualifies."""
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)

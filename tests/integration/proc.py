@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 
@@ -16,10 +17,29 @@ def _process_table() -> dict[int, tuple[int, str, str]]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after it.
-        state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
+        state, ppid = _state_and_parent(stat)
+        if state == "Z":
+            state = _live_thread_state(entry) or state
         table[int(entry.name)] = (int(ppid), state, cmdline.strip())
     return table
+
+
+def _state_and_parent(stat: str) -> tuple[str, str]:
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after it.
+    state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
+    return state, ppid
+
+
+def _live_thread_state(entry: Path) -> str | None:
+    """The state of a thread still exiting under a zombie leader: a killed process's main thread
+    can be a zombie while its other threads still hold its files (its listening sockets)."""
+    with contextlib.suppress(OSError):
+        for task in (entry / "task").iterdir():
+            with contextlib.suppress(OSError):
+                state = _state_and_parent((task / "stat").read_text())[0]
+                if state not in ("Z", "X"):
+                    return state
+    return None
 
 
 def descendants(root: int) -> dict[int, str]:

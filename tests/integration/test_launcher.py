@@ -69,6 +69,26 @@ class Ports:
         ]
 
 
+def unbindable(ports: Ports) -> list[int]:
+    """Those of `ports` a server could not bind now (one past TIME_WAIT may: SO_REUSEADDR)."""
+    taken = []
+    for port in (ports.http, ports.grpc, ports.metrics, ports.adapter):
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                taken.append(port)
+    return taken
+
+
+def sockets_on(ports: list[int]) -> list[str]:
+    """The /proc/net/tcp rows with one of `ports` at either end, to say what holds them."""
+    wanted = {f":{port:04X}" for port in ports}
+    rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return [row for row in rows if any(end[-5:] in wanted for end in row.split()[1:3])]
+
+
 # --- one launched process tree ---------------------------------------------------------------
 
 
@@ -313,7 +333,6 @@ def test_children_die_with_a_killed_launcher(model_dir: Path, tmp_path: Path) ->
         server.process.wait()
         assert wait_for(lambda: still_running(children) == {}), still_running(children)
         assert processes_mentioning(str(run_dir)) == {}
-        for port in (ports.http, ports.grpc, ports.metrics, ports.adapter):
-            with socket.socket() as sock:  # as a server binds: past TIME_WAIT, not a listener
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind(("127.0.0.1", port))
+        # The kernel closes a killed process's sockets as its last thread exits, which may be
+        # after its main thread is reaped: a condition to wait for, not a moment to sample.
+        assert wait_for(lambda: unbindable(ports) == []), sockets_on(unbindable(ports))

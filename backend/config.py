@@ -57,6 +57,9 @@ class LLMConfig:
     stream_interval_ms: int = 20
     """While several requests stream, the least time between two responses of one request
     (its first and last tokens go at once; a lone stream never waits); 0 = no waiting."""
+    stream_interval_tokens: int = 3
+    """While several requests stream, the fewest tokens a response of one request carries
+    besides its first and last (so the interval follows the step time); 1 = no waiting."""
     grammar_cache_size: int = 64
     """Compiled structured-output grammars kept (least recently used ones go first)."""
     grammar_compile_timeout_ms: int = 10000
@@ -73,7 +76,7 @@ class LLMConfig:
         for name in ("max_tokens_per_response", "stream_interval_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("grammar_cache_size", "grammar_compile_timeout_ms"):
+        for name in ("stream_interval_tokens", "grammar_cache_size", "grammar_compile_timeout_ms"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 

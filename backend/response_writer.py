@@ -4,10 +4,11 @@ a response, a cancellation check or a metric (docs/design.md, "Streaming respons
 The engine appends each step's output to the request's `Outbox` and goes on. The writer sends
 everything pending for a request as one response, up to `max_tokens_per_response`. A first
 token, a last one and an error go out at once. While several requests stream, a request's
-next response waits until `stream_interval_s` after its previous one, so that it carries the
-tokens of several steps: each response costs the stub's one core tensors and an IPC round trip
-that the engine's steps would otherwise wait for. A lone stream never waits. One thread, so a
-request's responses keep their order; FINAL goes with its last response, exactly once.
+next response waits until `stream_interval_s` after its previous one and until it holds
+`stream_interval_tokens` tokens, so that it carries the tokens of several steps however long a
+step takes: each response costs the stub's one core tensors and an IPC round trip that the
+engine's steps would otherwise wait for. A lone stream never waits. One thread, so a request's
+responses keep their order; FINAL goes with its last response, exactly once.
 
 It knows nothing of pb_utils: a `Transport` (model.py's wraps Triton's response sender) sends.
 """
@@ -60,8 +61,9 @@ class _Error:
 class Outbox(Generic[Request]):
     """One request's outputs on their way out; the engine's sink for that request.
 
-    `send` and `send_error` only append (engine thread); `is_cancelled` reads a flag the writer
-    sets from Triton's answer, so the engine may ask every step for free.
+    `send` and `send_error` only append (engine thread), and queue the outbox for the writer
+    unless it is queued already or waits for more tokens (`wait_for_tokens`); `is_cancelled`
+    reads a flag the writer sets from Triton's answer, so the engine may ask every step for free.
     """
 
     def __init__(self, request: Request, ready: queue.SimpleQueue[object]) -> None:
@@ -69,6 +71,10 @@ class Outbox(Generic[Request]):
         self._ready = ready
         self._lock = threading.Lock()
         self._pending: list[StepOutput | _Error] = []
+        self._tokens = 0
+        """Tokens in `_pending`."""
+        self._wake_at = 1
+        """Pending tokens at which a `send` queues the outbox (`wait_for_tokens`)."""
         self._queued = False
         self.ending = False
         """Its last output or its error is pending: it goes out now, whatever the interval."""
@@ -96,17 +102,30 @@ class Outbox(Generic[Request]):
         ends = isinstance(item, _Error) or item.finish_reason is not None
         with self._lock:
             self._pending.append(item)
+            self._tokens += 0 if isinstance(item, _Error) else len(item.token_ids)
             # A waiting outbox is queued already, but its end must not wait: queue it again.
-            wake = not self._queued or ends
-            self._queued = True
+            wake = ends or (not self._queued and self._tokens >= self._wake_at)
+            self._queued = self._queued or wake
             self.ending = self.ending or ends
         if wake:
             self._ready.put(self)
+
+    def wait_for_tokens(self, count: int) -> bool:
+        """Writer thread: True if fewer than `count` tokens are pending and the outbox does not
+        end; then it leaves the writer's hands until the `send` that brings the count."""
+        with self._lock:
+            if self.ending or self._tokens >= count:
+                return False
+            self._wake_at = count
+            self._queued = False
+            return True
 
     def take(self) -> list[StepOutput | _Error]:
         """Everything pending, in order (writer thread)."""
         with self._lock:
             items, self._pending = self._pending, []
+            self._tokens = 0
+            self._wake_at = 1
             self._queued = False
         return items
 
@@ -125,13 +144,18 @@ class ResponseWriter(Generic[Request, Stats]):
         *,
         max_tokens_per_response: int = 0,
         stream_interval_s: float = 0.0,
+        stream_interval_tokens: int = 1,
         on_stats: Callable[[Stats], None] | None = None,
     ) -> None:
-        """`max_tokens_per_response` 0: no cap. `stream_interval_s` 0: no request waits."""
+        """`max_tokens_per_response` 0: no cap. `stream_interval_s` 0 and
+        `stream_interval_tokens` 1: no request waits."""
         self._transport = transport
         self._cap = max_tokens_per_response
         self._interval = stream_interval_s
+        self._interval_tokens = stream_interval_tokens
         self._waiting: list[tuple[float, int, Outbox[Request]]] = []  # (due, order, outbox) heap
+        self._short: set[Outbox[Request]] = set()
+        """Outboxes past their interval that wait for tokens (the engine queues them again)."""
         self._order = itertools.count()
         self._streams = 0
         """Requests that got their first response and not their last."""
@@ -175,6 +199,8 @@ class ResponseWriter(Generic[Request, Stats]):
                 self._stopping = True
                 while self._waiting:
                     self._flush(heapq.heappop(self._waiting)[2])
+                for box in list(self._short):
+                    self._flush(box)
                 self._flush_stats(force=True)
                 return
             try:
@@ -201,11 +227,18 @@ class ResponseWriter(Generic[Request, Stats]):
                 continue
         return self._ready.get()
 
+    def _may_wait(self, box: Outbox[Request]) -> bool:
+        """Only a stream that sent its first response, does not end, and is not alone."""
+        return (
+            not self._stopping
+            and box.sent_at is not None
+            and not box.ending
+            and (self._streams >= 2)
+        )
+
     def _must_wait(self, box: Outbox[Request]) -> float | None:
         """When `box` may send next, if that is later than now."""
-        if self._stopping or not self._interval or box.sent_at is None or box.ending:
-            return None
-        if self._streams < 2:
+        if not self._interval or box.sent_at is None or not self._may_wait(box):
             return None
         due = box.sent_at + self._interval
         return due if due > time.monotonic() else None
@@ -222,6 +255,7 @@ class ResponseWriter(Generic[Request, Stats]):
             self._on_stats(stats)
 
     def _flush(self, box: Outbox[Request]) -> None:
+        self._short.discard(box)
         if box.closed:
             box.take()
             return
@@ -230,6 +264,9 @@ class ResponseWriter(Generic[Request, Stats]):
             if not box.waiting:
                 box.waiting = True
                 heapq.heappush(self._waiting, (due, next(self._order), box))
+            return
+        if self._may_wait(box) and box.wait_for_tokens(self._interval_tokens):
+            self._short.add(box)
             return
         items = box.take()
         self._poll_cancelled(box)

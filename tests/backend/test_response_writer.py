@@ -1,6 +1,7 @@
 """The response writer with a fake transport: one response per token while it keeps up, merged
 responses for a slow consumer, order, one FINAL under errors and cancellation, the cap, stats,
-and the stream interval (several streams wait between responses, a lone one and ends do not)."""
+and the stream interval in time and in tokens (several streams wait between responses, a lone
+one and ends do not)."""
 
 from __future__ import annotations
 
@@ -224,8 +225,11 @@ def _responses(transport: FakeTransport) -> list[tuple[str, list[int] | str, boo
 
 @pytest.fixture
 def patient_writer(transport: FakeTransport) -> Iterator[ResponseWriter[str, int]]:
-    """A stream interval far longer than any test: what goes out did not wait for it."""
-    writer: ResponseWriter[str, int] = ResponseWriter(transport, stream_interval_s=3600)
+    """A stream interval far longer than any test, in time and in tokens: what goes out did not
+    wait for it."""
+    writer: ResponseWriter[str, int] = ResponseWriter(
+        transport, stream_interval_s=3600, stream_interval_tokens=1000
+    )
     writer.start()
     yield writer
     writer.stop()
@@ -292,3 +296,48 @@ def test_stop_sends_what_waits(transport: FakeTransport) -> None:
     a.send(step(2))
     writer.stop()
     assert _responses(transport)[2:] == [("a", [2], False)]
+
+
+def _started_behind(writer: ResponseWriter[str, int], transport: FakeTransport, name: str) -> None:
+    """A new stream's first token: once it is out, the writer has handled what was queued
+    before it (one queue, in order)."""
+    writer.outbox(name).send(step(1, first=True))
+    transport.wait_for(len(transport.sent) + 1)
+    assert _responses(transport)[-1] == (name, [1], False)
+
+
+def test_several_streams_wait_for_their_interval_in_tokens_but_not_for_their_end(
+    transport: FakeTransport,
+) -> None:
+    writer: ResponseWriter[str, int] = ResponseWriter(transport, stream_interval_tokens=3)
+    writer.start()
+    try:
+        a, b = writer.outbox("a"), writer.outbox("b")
+        a.send(step(1, first=True))
+        b.send(step(1, first=True))
+        transport.wait_for(2)  # first tokens go at once
+        a.send(step(2))
+        a.send(step(3))
+        _started_behind(writer, transport, "c")  # a's two tokens were seen, and held
+        a.send(step(4))  # the third goes, with the two
+        transport.wait_for(4)
+        assert _responses(transport)[3] == ("a", [2, 3, 4], False)
+        a.send(step(5))
+        a.send(step(6, final=True))  # the end goes at once, with what waited
+        transport.wait_for(5)
+        assert _responses(transport)[4] == ("a", [5, 6], True)
+    finally:
+        writer.stop()
+
+
+def test_stop_sends_what_waits_for_tokens(transport: FakeTransport) -> None:
+    writer: ResponseWriter[str, int] = ResponseWriter(transport, stream_interval_tokens=3)
+    writer.start()
+    a, b = writer.outbox("a"), writer.outbox("b")
+    a.send(step(1, first=True))
+    b.send(step(1, first=True))
+    transport.wait_for(2)
+    a.send(step(2))
+    _started_behind(writer, transport, "c")
+    writer.stop()
+    assert _responses(transport)[3:] == [("a", [2], False)]

@@ -176,6 +176,7 @@ class TritonPythonModel:
             _TritonTransport(self.logger),
             max_tokens_per_response=config.max_tokens_per_response,
             stream_interval_s=config.stream_interval_ms / 1000,
+            stream_interval_tokens=config.stream_interval_tokens,
             on_stats=self.metrics.update,
         )
         self.engine = Engine(

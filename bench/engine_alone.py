@@ -58,7 +58,7 @@ class _CountingSink:
 
 class EngineTarget:
     """Greedy, `IGNORE_EOS`, token-id prompts: the same requests `TritonTarget` sends, each with
-    `structured_output` when set (bench.structured_bench)."""
+    `structured_output` (bench.structured_bench) and `logprob_token_ids` when set."""
 
     def __init__(
         self,
@@ -81,6 +81,7 @@ class EngineTarget:
         self._engine = Engine(self.runner)
         self._engine.start()
         self.structured_output: StructuredOutput | None = None
+        self.logprob_token_ids: list[int] = []
 
     async def generate(self, spec: RequestSpec, first_token: FirstToken) -> int:
         sink = _CountingSink(asyncio.get_running_loop(), first_token)
@@ -90,6 +91,7 @@ class EngineTarget:
             temperature=0.0,
             ignore_eos=True,
             structured_output=self.structured_output,
+            logprob_token_ids=self.logprob_token_ids,
         )
         self._engine.submit(params, sink)
         return await sink.done

@@ -49,6 +49,7 @@ RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EXPLICIT_IDS = 1024
 ENGINE = "ours: engine alone"
+ENGINE_EXPLICIT = f"ours: engine alone + {EXPLICIT_IDS} ids"
 GRPC = "ours: Triton gRPC (llm)"
 GRPC_EXPLICIT = f"ours: Triton gRPC + {EXPLICIT_IDS} ids"
 ADAPTER = "ours: adapter completions"
@@ -238,11 +239,17 @@ def explicit_ids(vocab_size: int, count: int = EXPLICIT_IDS) -> list[int]:
     return list(range(0, step * count, step))[:count]
 
 
-def run_engine_alone(model: Path, plan: Plan, specs: dict[int, list[RequestSpec]]) -> list[Summary]:
-    """The same requests straight into `backend.engine.Engine`, in this process."""
+def run_engine_alone(
+    model: Path, plan: Plan, specs: dict[int, list[RequestSpec]], vocab_size: int
+) -> list[Summary]:
+    """The same requests straight into `backend.engine.Engine`, in this process; then with the
+    explicit ids at the reference concurrency, to tell the engine's share of their cost."""
     target = EngineTarget(model, plan.max_num_seqs, name=ENGINE)
     try:
-        return [asyncio.run(measure(target, specs[c], c, plan)) for c in plan.concurrencies]
+        summaries = [asyncio.run(measure(target, specs[c], c, plan)) for c in plan.concurrencies]
+        target.name, target.logprob_token_ids = ENGINE_EXPLICIT, explicit_ids(vocab_size)
+        c = plan.reference
+        return [*summaries, asyncio.run(measure(target, specs[c], c, plan))]
     finally:
         target.stop()
 
@@ -415,6 +422,11 @@ def ratios(plan: Plan, summaries: Sequence[Summary]) -> list[Ratio]:
     if explicit and grpc:
         what = f"{EXPLICIT_IDS} explicit ids / none, TPOT p50, C={c}"
         out.append(Ratio.of(what, explicit.tpot_p50, grpc.tpot_p50, False, 1.1, explicit, grpc))
+    engine, engine_explicit = by_name.get((ENGINE, c)), by_name.get((ENGINE_EXPLICIT, c))
+    if engine and engine_explicit:  # the same goal: what the engine alone leaves of it
+        what = f"engine alone: {EXPLICIT_IDS} explicit ids / none, TPOT p50, C={c}"
+        runs = (engine_explicit, engine)
+        out.append(Ratio.of(what, engine_explicit.tpot_p50, engine.tpot_p50, False, 1.1, *runs))
     return out
 
 
@@ -473,7 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     chat = not args.no_chat
     try:
         with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-            summaries = run_engine_alone(model, plan, specs)
+            summaries = run_engine_alone(model, plan, specs, vocab_size)
             summaries += run_ours(
                 model, plan, specs, Path(tmp), vocab_size, chat, llm_parameters(args)
             )

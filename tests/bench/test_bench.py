@@ -7,10 +7,12 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from bench.engine_alone import EngineTarget
 from bench.loadgen import RequestSpec, Summary, run_load
 from bench.plot import plot
-from bench.run import ADAPTER, ENGINE, GRPC, PEER, Plan, ratios
+from bench.run import ADAPTER, ENGINE, ENGINE_EXPLICIT, GRPC, PEER, Plan, ratios
 
 ZERO = Summary("", 1, 10, 0, 1000, 1000, 1.0, 0.05, 0.1, 0.01, 0.02, None, 0.0)
 
@@ -25,8 +27,12 @@ def _run(target: str, concurrency: int, tokens_per_s: float, ttft_s: float) -> S
     )
 
 
-def test_the_engine_alone_generates_every_planned_token(model_dir: Path) -> None:
+@pytest.mark.parametrize("logprob_token_ids", [[], [0, 5, 9]])
+def test_the_engine_alone_generates_every_planned_token(
+    model_dir: Path, logprob_token_ids: list[int]
+) -> None:
     target = EngineTarget(model_dir, max_num_seqs=4)
+    target.logprob_token_ids = logprob_token_ids
     try:
         specs = [RequestSpec((1, 2, 3 + i), "", 3 + i) for i in range(6)]
         load = asyncio.run(run_load(target, specs, concurrency=4))
@@ -45,6 +51,7 @@ def test_ratios_divide_the_right_runs_against_the_goals() -> None:
         _run(ENGINE, 1, 300, 0.01),
         _run(GRPC, 1, 240, 0.01),
         _run(ENGINE, 16, 2000, 0.04),
+        replace(_run(ENGINE_EXPLICIT, 16, 1900, 0.04), tpot_p50=ZERO.tpot_p50 * 1.25),
         _run(GRPC, 16, 1000, 0.05),
         _run(ADAPTER, 16, 950, 0.06),
         _run(f"{PEER} (plain) completions", 16, 200, 4.0),
@@ -57,6 +64,7 @@ def test_ratios_divide_the_right_runs_against_the_goals() -> None:
     assert found[f"{best}, output tok/s"] == (1.9, True)
     assert math.isclose(found[f"{best}, TTFT p50"][0], 2.0) and not found[f"{best}, TTFT p50"][1]
     assert found["adapter / gRPC output tok/s, C=16"] == (0.95, True)
+    assert found["engine alone: 1024 explicit ids / none, TPOT p50, C=16"] == (1.25, False)
 
 
 def test_the_plot_is_a_png(tmp_path: Path) -> None:

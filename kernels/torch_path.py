@@ -149,15 +149,22 @@ def _ids_with_boundary_ties(logits: torch.Tensor, kth_value: torch.Tensor, k: in
 def _token_logprobs(
     inputs: LogprobInputs, row_max: torch.Tensor, log_sum: torch.Tensor
 ) -> torch.Tensor:
-    """Logprobs of the explicit ids, each looked up in its row (repeated from the offsets).
+    """Logprobs of the explicit ids, each looked up in its row.
 
-    One flat `take` at row * V + id (logical indices, so strided rows work too): on CPU, 16384
-    ids measured 0.36 ms this way against 0.90 ms with searchsorted and 2-D indexing.
+    Padded [B, Kmax] ids: one `gather` along V, and the row statistics broadcast. Flat ids with
+    offsets: one flat `take` at row * V + id (logical indices, so strided rows work too), the
+    rows repeated from the offsets. On CPU, 16 x 1024 ids measured 0.14 ms padded against
+    0.42 ms flat (64 x 1024: 0.29 against 1.35), and flat against 0.90 ms with searchsorted.
     """
     if inputs.token_ids is None or inputs.row_offsets is None:
         return empty_token_logprobs(inputs)
-    ids = inputs.token_ids
     n_rows, n_vocab = inputs.logits.shape
+    if len(inputs.token_shape) == 2:
+        ids = inputs.token_ids.view(inputs.token_shape)
+        values = inputs.logits.gather(1, ids.clamp(0, n_vocab - 1)).float()
+        logprobs = (values - row_max[:, None]) - log_sum[:, None]
+        return logprobs.masked_fill_((ids < 0) | (ids >= n_vocab), float("-inf"))
+    ids = inputs.token_ids
     counts = inputs.row_offsets[1:] - inputs.row_offsets[:-1]
     rows = torch.repeat_interleave(
         torch.arange(n_rows, device=ids.device), counts, output_size=ids.numel()

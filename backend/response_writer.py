@@ -152,7 +152,8 @@ class ResponseWriter(Generic[Request, Stats]):
         self._transport = transport
         self._cap = max_tokens_per_response
         self._interval = stream_interval_s
-        self._interval_tokens = stream_interval_tokens
+        # A cap below the floor wins: a response never waits for more tokens than it may carry.
+        self._interval_tokens = min(stream_interval_tokens, self._cap or stream_interval_tokens)
         self._waiting: list[tuple[float, int, Outbox[Request]]] = []  # (due, order, outbox) heap
         self._short: set[Outbox[Request]] = set()
         """Outboxes past their interval that wait for tokens (the engine queues them again)."""

@@ -341,3 +341,20 @@ def test_stop_sends_what_waits_for_tokens(transport: FakeTransport) -> None:
     _started_behind(writer, transport, "c")
     writer.stop()
     assert _responses(transport)[3:] == [("a", [2], False)]
+
+
+def test_a_cap_below_the_token_floor_lowers_the_floor(transport: FakeTransport) -> None:
+    writer: ResponseWriter[str, int] = ResponseWriter(
+        transport, max_tokens_per_response=1, stream_interval_tokens=3
+    )
+    writer.start()
+    try:
+        a, b = writer.outbox("a"), writer.outbox("b")
+        a.send(step(1, first=True))
+        b.send(step(1, first=True))
+        transport.wait_for(2)
+        a.send(step(2))  # one token is all a response may carry: it goes without waiting
+        transport.wait_for(3)
+        assert _responses(transport)[2] == ("a", [2], False)
+    finally:
+        writer.stop()

@@ -231,15 +231,12 @@ class ResponseWriter(Generic[Request, Stats]):
     def _may_wait(self, box: Outbox[Request]) -> bool:
         """Only a stream that sent its first response, does not end, and is not alone."""
         return (
-            not self._stopping
-            and box.sent_at is not None
-            and not box.ending
-            and (self._streams >= 2)
+            not self._stopping and box.sent_at is not None and not box.ending and self._streams >= 2
         )
 
     def _must_wait(self, box: Outbox[Request]) -> float | None:
         """When `box` may send next, if that is later than now."""
-        if not self._interval or box.sent_at is None or not self._may_wait(box):
+        if not self._interval or not self._may_wait(box) or box.sent_at is None:
             return None
         due = box.sent_at + self._interval
         return due if due > time.monotonic() else None

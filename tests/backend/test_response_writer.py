@@ -8,13 +8,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
 from backend import response_writer
 from backend.outputs import CANCELLED, PromptLogprobs, StepOutput, merge_outputs
-from backend.response_writer import ResponseWriter
+from backend.response_writer import Outbox, ResponseWriter
 
 WAIT_S = 60.0
 PROMPT = PromptLogprobs(
@@ -286,16 +287,15 @@ def test_a_waiting_response_goes_when_its_interval_is_over(transport: FakeTransp
         writer.stop()
 
 
-def test_stop_sends_what_waits(transport: FakeTransport) -> None:
-    writer: ResponseWriter[str, int] = ResponseWriter(transport, stream_interval_s=3600)
-    writer.start()
+def _two_streams(
+    writer: ResponseWriter[str, int], transport: FakeTransport
+) -> tuple[Outbox[str], Outbox[str]]:
+    """Streams a and b, their first tokens sent: from now on each may wait."""
     a, b = writer.outbox("a"), writer.outbox("b")
     a.send(step(1, first=True))
     b.send(step(1, first=True))
     transport.wait_for(2)
-    a.send(step(2))
-    writer.stop()
-    assert _responses(transport)[2:] == [("a", [2], False)]
+    return a, b
 
 
 def _started_behind(writer: ResponseWriter[str, int], transport: FakeTransport, name: str) -> None:
@@ -312,10 +312,7 @@ def test_several_streams_wait_for_their_interval_in_tokens_but_not_for_their_end
     writer: ResponseWriter[str, int] = ResponseWriter(transport, stream_interval_tokens=3)
     writer.start()
     try:
-        a, b = writer.outbox("a"), writer.outbox("b")
-        a.send(step(1, first=True))
-        b.send(step(1, first=True))
-        transport.wait_for(2)  # first tokens go at once
+        a, _ = _two_streams(writer, transport)  # first tokens go at once
         a.send(step(2))
         a.send(step(3))
         _started_behind(writer, transport, "c")  # a's two tokens were seen, and held
@@ -330,15 +327,15 @@ def test_several_streams_wait_for_their_interval_in_tokens_but_not_for_their_end
         writer.stop()
 
 
-def test_stop_sends_what_waits_for_tokens(transport: FakeTransport) -> None:
-    writer: ResponseWriter[str, int] = ResponseWriter(transport, stream_interval_tokens=3)
+@pytest.mark.parametrize(
+    "interval", [{"stream_interval_s": 3600}, {"stream_interval_tokens": 3}], ids=["time", "tokens"]
+)
+def test_stop_sends_what_waits(transport: FakeTransport, interval: dict[str, Any]) -> None:
+    writer: ResponseWriter[str, int] = ResponseWriter(transport, **interval)
     writer.start()
-    a, b = writer.outbox("a"), writer.outbox("b")
-    a.send(step(1, first=True))
-    b.send(step(1, first=True))
-    transport.wait_for(2)
+    a, _ = _two_streams(writer, transport)
     a.send(step(2))
-    _started_behind(writer, transport, "c")
+    _started_behind(writer, transport, "c")  # a's token was seen, and held
     writer.stop()
     assert _responses(transport)[3:] == [("a", [2], False)]
 
@@ -349,10 +346,7 @@ def test_a_cap_below_the_token_floor_lowers_the_floor(transport: FakeTransport) 
     )
     writer.start()
     try:
-        a, b = writer.outbox("a"), writer.outbox("b")
-        a.send(step(1, first=True))
-        b.send(step(1, first=True))
-        transport.wait_for(2)
+        a, _ = _two_streams(writer, transport)
         a.send(step(2))  # one token is all a response may carry: it goes without waiting
         transport.wait_for(3)
         assert _responses(transport)[2] == ("a", [2], False)

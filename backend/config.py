@@ -59,7 +59,7 @@ class LLMConfig:
     (its first and last tokens go at once; a lone stream never waits); 0 = no waiting."""
     stream_interval_tokens: int = 3
     """While several requests stream, the fewest tokens a response of one request carries
-    besides its first and last (so the interval follows the step time); 1 = no waiting."""
+    besides its first and last (so the interval follows the step time); 1 = no floor."""
     grammar_cache_size: int = 64
     """Compiled structured-output grammars kept (least recently used ones go first)."""
     grammar_compile_timeout_ms: int = 10000

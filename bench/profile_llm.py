@@ -2,9 +2,10 @@
 
 Starts tritonserver with the `llm` model, keeps C streams busy with the benchmark's workload
 (`bench.loadgen.TritonTarget`), samples the stub process with `py-spy record` meanwhile, and
-prints the share of samples in which each thread, and each function of ours or of pb_utils, was
-on the stack. Samples are taken with `--gil`: only the thread holding the GIL counts, which is
-what bounds a Python stub.
+prints the CPU each process and each stub thread used, then the share of samples in which each
+thread, and each function of ours or of pb_utils, was on the stack. Samples are taken with
+`--gil`: only the thread holding the GIL counts. The two differ: the engine thread spends most
+of its CPU in torch without the GIL.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -92,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
             }
             for process in processes.values():
                 process.cpu_percent()  # starts each process's window
+            stub = processes["llm stub"]
+            thread_cpu_before = {t.id: t.user_time + t.system_time for t in stub.threads()}
+            started = time.monotonic()
             try:
                 subprocess.run(
                     [
@@ -105,11 +110,21 @@ def main(argv: list[str] | None = None) -> int:
                     capture_output=True,
                 )
                 busy = {name: process.cpu_percent() for name, process in processes.items()}
+                elapsed = time.monotonic() - started
+                by_thread = {
+                    t.id: 100
+                    * (t.user_time + t.system_time - thread_cpu_before.get(t.id, 0.0))
+                    / elapsed
+                    for t in stub.threads()
+                }
             finally:
                 stop.set()
                 driver.join()
             print("CPU while sampled (100% = one core):")
             print("\n".join(f"  {share:5.0f}%  {name}" for name, share in busy.items()))
+            print("llm stub CPU by thread id (as py-spy names them below):")
+            busiest = sorted(by_thread.items(), key=lambda item: -item[1])[:6]
+            print("\n".join(f"  {share:5.0f}%  {tid}" for tid, share in busiest))
             print(summarise(raw, args.top))
     return 0
 

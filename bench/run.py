@@ -1,12 +1,17 @@
 """`python -m bench.run`: our stack and `transformers serve` under the same load, side by side.
 
 Starts everything it measures on free loopback ports and stops it again (also on Ctrl-C,
-SIGTERM and errors), one at a time so no idle server shares the CPU with the one measured: the
-engine alone in this process, tritonserver with the `llm` model (gRPC), the OpenAI adapter in
-front of it (completions and chat), then `transformers serve` on the same model folder in its
-plain mode and with `--continuous-batching` (completions and chat). Each runs at every
-concurrency of the sweep on the same fixed mix of prompt and output lengths, after a short
-warm-up. Prints one table and the ratios against the goals; `--results` appends them to
+SIGTERM and errors): the engine alone in this process, tritonserver with the `llm` model
+(gRPC), the OpenAI adapter in front of it (completions and chat), and `transformers serve` on
+the same model folder in its plain mode and with `--continuous-batching` (completions and
+chat). Each scenario runs at every concurrency of the sweep on the same fixed mix of prompt and
+output lengths, after a short warm-up.
+
+The machine is shared and its speed drifts by tens of percent over minutes, so the scenarios are
+measured in rounds, one run of each per round (the order reversed every other round), with
+every server up throughout (an idle one takes under 1% of a CPU). A goal's ratio is taken in
+each round between runs seconds apart, and the median over rounds is reported. Prints one table
+(each scenario's median run) and the ratios against the goals; `--results` appends them to
 bench/RESULTS.md and `--plot` draws tok/s and p50 TTFT against concurrency.
 """
 
@@ -14,13 +19,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
+import functools
 import shlex
 import signal
+import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -73,8 +81,12 @@ class PeerServer(ChildProcess):
         self.continuous_batching = continuous_batching
 
     @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
     def ready_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/health"
+        return f"{self.base_url}/health"
 
     def command(self) -> list[str]:
         transformers = str(Path(sys.executable).parent / "transformers")
@@ -93,7 +105,7 @@ class Plan:
     serial_requests: int
     output_lengths: tuple[int, ...]
     quiet_wait_s: float
-    attempts: int
+    rounds: int
 
     @property
     def max_num_seqs(self) -> int:
@@ -145,10 +157,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         f"{100 * NOISY:.0f}%% of the CPUs (a shared machine)",
     )
     parser.add_argument(
-        "--attempts",
+        "--rounds",
         type=int,
-        default=2,
-        help="measured runs per scenario at most; the first quiet one is kept",
+        default=3,
+        help="measured runs of each scenario, one per round; medians are reported",
     )
     parser.add_argument(
         "--llm-parameter",
@@ -193,16 +205,27 @@ def make_plan(args: argparse.Namespace) -> Plan:
         args.serial_requests,
         OUTPUT_LENGTHS,
         args.wait_quiet,
-        max(args.attempts, 1),
+        max(args.rounds, 1),
     )
 
 
-async def measure(
-    target: Target, specs: Sequence[RequestSpec], concurrency: int, plan: Plan
-) -> Summary:
-    """A warm-up of `concurrency` short requests, then up to `plan.attempts` measured runs, each
-    after a bounded wait for a quiet machine; the first quiet run (else the least disturbed one)
-    is kept. Closes the target."""
+@dataclass(frozen=True)
+class Scenario:
+    """One row of the table: a target at a concurrency. `make` returns the target of one run
+    (a run closes its target; the engine alone is one target that outlives its runs)."""
+
+    name: str
+    concurrency: int
+    make: Callable[[], Target]
+
+
+def _scenario_order(positions: range, round_index: int) -> list[int]:
+    """Every other round runs backwards, so that a drift within a round favours no scenario."""
+    return list(positions if round_index % 2 == 0 else reversed(positions))
+
+
+async def warm_up(target: Target, specs: Sequence[RequestSpec], concurrency: int) -> None:
+    """`concurrency` short requests; raises if one fails. Closes the target."""
     try:
         warmup = [replace(s, max_tokens=WARMUP_TOKENS) for s in specs[:concurrency]]
         failed = [
@@ -210,23 +233,48 @@ async def measure(
         ]
         if failed:
             raise RuntimeError(f"{target.name}: the warm-up failed: {failed[0]}")
-        runs: list[Summary] = []
-        for _ in range(plan.attempts):
-            if plan.quiet_wait_s > 0:
-                await asyncio.to_thread(wait_until_quiet, plan.quiet_wait_s, NOISY)
-            with OthersCpu() as others:
-                load = await run_load(target, specs, concurrency)
-            runs.append(replace(Summary.from_load(load), others_cpu=others.share))
-            print(
-                f"  {target.name:<40} C={concurrency:<3} {runs[-1].output_tokens_per_s:7.1f} "
-                f"tok/s, others used {100 * others.share:.0f}% of the CPUs",
-                flush=True,
-            )
-            if others.share <= NOISY:
-                break
     finally:
         await target.aclose()
-    return min(runs, key=lambda run: run.others_cpu)
+
+
+async def measure(
+    target: Target, specs: Sequence[RequestSpec], concurrency: int, plan: Plan
+) -> Summary:
+    """One measured run, after a bounded wait for a quiet machine. Closes the target."""
+    try:
+        if plan.quiet_wait_s > 0:
+            await asyncio.to_thread(wait_until_quiet, plan.quiet_wait_s, NOISY)
+        with OthersCpu() as others:
+            load = await run_load(target, specs, concurrency)
+    finally:
+        await target.aclose()
+    run = replace(Summary.from_load(load), others_cpu=others.share)
+    print(
+        f"  {target.name:<48} C={concurrency:<3} {run.output_tokens_per_s:7.1f} tok/s, "
+        f"others used {100 * others.share:.0f}% of the CPUs",
+        flush=True,
+    )
+    return run
+
+
+def run_rounds(
+    scenarios: Sequence[Scenario], specs: Mapping[int, Sequence[RequestSpec]], plan: Plan
+) -> list[list[Summary]]:
+    """Each scenario warmed up once, then `plan.rounds` rounds of one run each; the runs of a
+    round come back in `scenarios`' order."""
+    for scenario in scenarios:
+        c = scenario.concurrency
+        asyncio.run(warm_up(scenario.make(), specs[c], c))
+    rounds = []
+    for index in range(plan.rounds):
+        print(f"round {index + 1} of {plan.rounds}", flush=True)
+        runs = {}
+        for position in _scenario_order(range(len(scenarios)), index):
+            scenario = scenarios[position]
+            c = scenario.concurrency
+            runs[position] = asyncio.run(measure(scenario.make(), specs[c], c, plan))
+        rounds.append([runs[position] for position in range(len(scenarios))])
+    return rounds
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
@@ -237,21 +285,6 @@ def explicit_ids(vocab_size: int, count: int = EXPLICIT_IDS) -> list[int]:
     """`count` distinct ids spread over the whole vocabulary."""
     step = max(vocab_size // count, 1)
     return list(range(0, step * count, step))[:count]
-
-
-def run_engine_alone(
-    model: Path, plan: Plan, specs: dict[int, list[RequestSpec]], vocab_size: int
-) -> list[Summary]:
-    """The same requests straight into `backend.engine.Engine`, in this process; then with the
-    explicit ids at the reference concurrency, to tell the engine's share of their cost."""
-    target = EngineTarget(model, plan.max_num_seqs, name=ENGINE)
-    try:
-        summaries = [asyncio.run(measure(target, specs[c], c, plan)) for c in plan.concurrencies]
-        target.name, target.logprob_token_ids = ENGINE_EXPLICIT, explicit_ids(vocab_size)
-        c = plan.reference
-        return [*summaries, asyncio.run(measure(target, specs[c], c, plan))]
-    finally:
-        target.stop()
 
 
 def adapter_target(base_url: str, chat: bool, concurrency: int) -> OpenAITarget:
@@ -266,87 +299,120 @@ def adapter_target(base_url: str, chat: bool, concurrency: int) -> OpenAITarget:
     )
 
 
-def run_ours(
+def _engine_view(engine: EngineTarget, name: str, ids: list[int]) -> Callable[[], Target]:
+    """The shared engine, named and asking for `ids` for the run about to start."""
+
+    def make() -> Target:
+        engine.name, engine.logprob_token_ids = name, ids
+        return engine
+
+    return make
+
+
+def scenarios(
+    plan: Plan,
+    engine: EngineTarget,
+    grpc_url: str,
+    adapter_url: str,
+    peers: Mapping[str, str],
+    model: Path,
+    vocab_size: int,
+    chat: bool,
+) -> list[Scenario]:
+    """Every scenario, those a goal compares next to each other: per concurrency the engine
+    alone, gRPC, (the explicit ids at the reference one), the adapter, then each peer mode.
+    `peers`: base URL by mode."""
+    ids = explicit_ids(vocab_size)
+    endpoints = (False, True) if chat else (False,)
+    out: list[Scenario] = []
+    for c in plan.concurrencies:
+        out += [
+            Scenario(ENGINE, c, _engine_view(engine, ENGINE, [])),
+            Scenario(GRPC, c, lambda: TritonTarget(grpc_url, name=GRPC)),
+        ]
+        if c == plan.reference:
+            out += [
+                Scenario(ENGINE_EXPLICIT, c, _engine_view(engine, ENGINE_EXPLICIT, ids)),
+                Scenario(
+                    GRPC_EXPLICIT,
+                    c,
+                    lambda: TritonTarget(grpc_url, logprob_token_ids=ids, name=GRPC_EXPLICIT),
+                ),
+            ]
+        for is_chat in endpoints:
+            name = ADAPTER_CHAT if is_chat else ADAPTER
+            make = functools.partial(adapter_target, adapter_url, is_chat, c)
+            out.append(Scenario(name, c, make))
+        for mode, url in peers.items():
+            for is_chat in endpoints:
+                name = f"{PEER} ({mode}) {'chat' if is_chat else 'completions'}"
+                make = functools.partial(
+                    OpenAITarget, url, str(model), name, chat=is_chat, concurrency=c
+                )
+                out.append(Scenario(name, c, make))
+    return out
+
+
+def run_all(
     model: Path,
     plan: Plan,
-    specs: dict[int, list[RequestSpec]],
+    specs: Mapping[int, Sequence[RequestSpec]],
     tmp: Path,
     vocab_size: int,
     chat: bool,
+    peer: bool,
     llm_parameters: Mapping[str, str],
-) -> list[Summary]:
-    """gRPC at every concurrency, the explicit ids at the reference one, then the adapter."""
+) -> list[list[Summary]]:
+    """Starts every server, then runs the rounds (`run_rounds`)."""
     repository = write_repository(
         tmp / "model_repository",
         model,
         {"max_num_seqs": str(plan.max_num_seqs), **llm_parameters},
     )
-    server = TritonServer(
-        repository, http_port=0, grpc_port=0, metrics_port=0, log_path=tmp / "tritonserver.log"
-    )
-    summaries = []
-    c = plan.reference
-    with server:
-        for concurrency in plan.concurrencies:
-            target: Target = TritonTarget(server.grpc_url, name=GRPC)
-            summaries.append(asyncio.run(measure(target, specs[concurrency], concurrency, plan)))
-        ids = explicit_ids(vocab_size)
-        target = TritonTarget(server.grpc_url, logprob_token_ids=ids, name=GRPC_EXPLICIT)
-        summaries.append(asyncio.run(measure(target, specs[c], c, plan)))
-        adapter = AdapterServer(
-            server.grpc_url,
-            port=0,
-            served_model_name="bench",
-            log_path=tmp / "adapter.log",
-            options={"log_level": "warning"},
+    engine = EngineTarget(model, plan.max_num_seqs, name=ENGINE)
+    with contextlib.ExitStack() as servers:
+        servers.callback(engine.stop)
+        triton = servers.enter_context(
+            TritonServer(repository, 0, 0, 0, log_path=tmp / "tritonserver.log")
         )
-        with adapter:
-            for endpoint_is_chat in (False, True) if chat else (False,):
-                for concurrency in plan.concurrencies:
-                    target = adapter_target(adapter.url, endpoint_is_chat, concurrency)
-                    summaries.append(
-                        asyncio.run(measure(target, specs[concurrency], concurrency, plan))
-                    )
-    return summaries
+        adapter = servers.enter_context(
+            AdapterServer(
+                triton.grpc_url,
+                port=0,
+                served_model_name="bench",
+                log_path=tmp / "adapter.log",
+                options={"log_level": "warning"},
+            )
+        )
+        peers = {}
+        for mode, batching in (("plain", False), ("continuous-batching", True)) if peer else ():
+            server = PeerServer(model, free_port(), batching, tmp / f"peer-{mode}.log")
+            peers[mode] = servers.enter_context(server).base_url
+        every = scenarios(
+            plan, engine, triton.grpc_url, adapter.url, peers, model, vocab_size, chat
+        )
+        return run_rounds(every, specs, plan)
 
 
-def run_peer(
-    model: Path, plan: Plan, specs: dict[int, list[RequestSpec]], tmp: Path, chat: bool
-) -> list[Summary]:
-    """`transformers serve` in both modes, text prompts, usage counted (it has no ignore_eos)."""
-    summaries = []
-    for continuous_batching in (False, True):
-        mode = "continuous-batching" if continuous_batching else "plain"
-        peer = PeerServer(model, free_port(), continuous_batching, tmp / f"peer-{mode}.log")
-        with peer:
-            for endpoint_is_chat in (False, True) if chat else (False,):
-                endpoint = "chat" if endpoint_is_chat else "completions"
-                for concurrency in plan.concurrencies:
-                    target = OpenAITarget(
-                        f"http://127.0.0.1:{peer.port}",
-                        str(model),
-                        f"{PEER} ({mode}) {endpoint}",
-                        chat=endpoint_is_chat,
-                        concurrency=concurrency,
-                    )
-                    summaries.append(
-                        asyncio.run(measure(target, specs[concurrency], concurrency, plan))
-                    )
-    return summaries
+def median_runs(rounds: Sequence[Sequence[Summary]]) -> list[Summary]:
+    """Each scenario's run of median output tok/s over the rounds (the upper one of two)."""
+    return [sorted(runs, key=throughput)[len(runs) // 2] for runs in zip(*rounds, strict=True)]
 
 
-def table(summaries: Sequence[Summary]) -> str:
-    """A Markdown table; times in milliseconds."""
+def table(rounds: Sequence[Sequence[Summary]]) -> str:
+    """A Markdown table of each scenario's median run, with every round's tok/s; times in ms."""
     head = (
-        "| scenario | C | requests | errors | tokens (of planned) | wall s | output tok/s | req/s "
-        "| TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | others' CPU |"
+        "| scenario | C | requests | errors | tokens (of planned) | wall s | output tok/s "
+        "| tok/s by round | req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms "
+        "| others' CPU |"
     )
-    rows = [head, "|" + "---|" * 13]
-    for s in summaries:
+    rows = [head, "|" + "---|" * 14]
+    for s, runs in zip(median_runs(rounds), zip(*rounds, strict=True), strict=True):
+        by_round = " / ".join(f"{throughput(run):.0f}" for run in runs)
         rows.append(
             f"| {s.target} | {s.concurrency} | {s.requests} | {s.errors} "
             f"| {s.output_tokens} ({s.expected_tokens}) | {s.wall_s:.1f} "
-            f"| {s.output_tokens_per_s:.1f} | {s.requests_per_s:.2f} "
+            f"| {s.output_tokens_per_s:.1f} | {by_round} | {s.requests_per_s:.2f} "
             f"| {1e3 * s.ttft_p50:.0f} | {1e3 * s.ttft_p99:.0f} "
             f"| {1e3 * s.tpot_p50:.1f} | {1e3 * s.tpot_p99:.1f} | {100 * s.others_cpu:.0f}% |"
         )
@@ -355,13 +421,17 @@ def table(summaries: Sequence[Summary]) -> str:
 
 @dataclass(frozen=True)
 class Ratio:
-    """A measured ratio against its goal; `noisy` when a run it divides was disturbed."""
+    """A measured ratio against its goal; `noisy` when a run it divides was disturbed. Over
+    rounds (`combine`): the median, its range, and noisy when most rounds were."""
 
     what: str
     value: float
     at_least: bool
     goal: float
     noisy: bool
+    low: float = float("nan")
+    high: float = float("nan")
+    rounds: int = 1
 
     @classmethod
     def of(
@@ -378,7 +448,28 @@ class Ratio:
         if self.noisy:
             verdict += "; not conclusive, measured while other processes used the CPUs"
         goal = f"{'>=' if self.at_least else '<='} {self.goal:g}"
-        return f"- {self.what}: **{self.value:.2f}x** (goal {goal}: {verdict})"
+        spread = ""
+        if self.rounds > 1:
+            spread = f"median of {self.rounds} rounds, {self.low:.2f}-{self.high:.2f}; "
+        return f"- {self.what}: **{self.value:.2f}x** ({spread}goal {goal}: {verdict})"
+
+
+def combine(per_round: Sequence[Sequence[Ratio]]) -> list[Ratio]:
+    """The same ratios from every round (same order) as their medians."""
+    out = []
+    for same in zip(*per_round, strict=True):
+        values = [ratio.value for ratio in same]
+        out.append(
+            replace(
+                same[0],
+                value=statistics.median(values),
+                low=min(values),
+                high=max(values),
+                rounds=len(values),
+                noisy=2 * sum(ratio.noisy for ratio in same) > len(same),
+            )
+        )
+    return out
 
 
 def throughput(summary: Summary) -> float:
@@ -430,7 +521,28 @@ def ratios(plan: Plan, summaries: Sequence[Summary]) -> list[Ratio]:
     return out
 
 
-def report(argv: Sequence[str], plan: Plan, summaries: Sequence[Summary], elapsed_s: float) -> str:
+def goal_ratios(plan: Plan, rounds: Sequence[Sequence[Summary]]) -> list[Ratio]:
+    """`ratios` within each round, combined. The peer's better mode per endpoint is the one of
+    higher median tok/s, the same in every round."""
+    best: dict[str, Summary] = {}
+    for run in median_runs(rounds):
+        endpoint = run.target.rpartition(" ")[2]
+        if run.target.startswith(PEER) and (
+            endpoint not in best or throughput(run) > throughput(best[endpoint])
+        ):
+            best[endpoint] = run
+    kept = {run.target for run in best.values()}
+    return combine(
+        [
+            ratios(plan, [s for s in runs if not s.target.startswith(PEER) or s.target in kept])
+            for runs in rounds
+        ]
+    )
+
+
+def report(
+    argv: Sequence[str], plan: Plan, rounds: Sequence[Sequence[Summary]], elapsed_s: float
+) -> str:
     prompts, outputs = ("/".join(map(str, x)) for x in (PROMPT_LENGTHS, plan.output_lengths))
     lines = [
         f"- Command: `python -m bench.run {shlex.join(argv)}`",
@@ -438,22 +550,23 @@ def report(argv: Sequence[str], plan: Plan, summaries: Sequence[Summary], elapse
         f"- Load: prompt lengths {prompts} x output lengths {outputs} "
         f"tokens, cycled; greedy; max(2C, {plan.requests}) requests at C>1, "
         f"{plan.serial_requests} at C=1; max_num_seqs {plan.max_num_seqs}; "
-        f"each scenario warmed up, then measured up to {plan.attempts} times (each after waiting "
-        f"up to {plan.quiet_wait_s:.0f} s for a quiet machine), keeping the first run in which "
-        f"others used <= {100 * NOISY:.0f}% of the CPUs, else the least disturbed; "
-        f"took {elapsed_s:.0f} s in all.",
+        "every server up throughout; each scenario warmed up once, then run once in each of "
+        f"{len(rounds)} round(s) (every other round in reverse order; each run after waiting up to "
+        f"{plan.quiet_wait_s:.0f} s for others to use under {100 * NOISY:.0f}% of the CPUs). "
+        "The table shows each scenario's median run; a ratio is the median of the ratios "
+        f"taken within each round. Took {elapsed_s:.0f} s in all.",
         "",
-        table(summaries),
+        table(rounds),
         "",
-        *(r.line() for r in ratios(plan, summaries)),
+        *(r.line() for r in goal_ratios(plan, rounds)),
     ]
-    errors = [s for s in summaries if s.first_error]
-    lines += [f"- {s.target}: {s.errors} errors, first: {s.first_error}" for s in errors]
-    noisy = [f"{s.target} (C={s.concurrency})" for s in summaries if s.others_cpu > NOISY]
+    runs = [run for same in rounds for run in same]
+    lines += [f"- {s.target}: {s.errors} errors, first: {s.first_error}" for s in runs if s.errors]
+    noisy = [f"{s.target} (C={s.concurrency})" for s in runs if s.others_cpu > NOISY]
     if noisy:
         lines.append(
-            f"- Noisy: other processes used more than {100 * NOISY:.0f}% of the CPUs during "
-            f"{', '.join(noisy)}; rerun those numbers on a quiet machine."
+            f"- Noisy runs: other processes used more than {100 * NOISY:.0f}% of the CPUs during "
+            f"{', '.join(noisy)}."
         )
     return "\n".join(lines)
 
@@ -485,25 +598,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     chat = not args.no_chat
     try:
         with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-            summaries = run_engine_alone(model, plan, specs, vocab_size)
-            summaries += run_ours(
-                model, plan, specs, Path(tmp), vocab_size, chat, llm_parameters(args)
+            rounds = run_all(
+                model,
+                plan,
+                specs,
+                Path(tmp),
+                vocab_size,
+                chat,
+                not args.no_peer,
+                llm_parameters(args),
             )
-            if not args.no_peer:
-                summaries += run_peer(model, plan, specs, Path(tmp), chat)
     except KeyboardInterrupt:
         print("interrupted; every server it started has been stopped", file=sys.stderr)
         return 130
-    text = report(argv, plan, summaries, time.monotonic() - started)
+    text = report(argv, plan, rounds, time.monotonic() - started)
     if args.plot is not None:
-        plot(summaries, args.plot)
+        plot(median_runs(rounds), args.plot)
         text += f"\n\n![output tok/s and p50 TTFT against concurrency]({_link(args.plot)})"
     print("\n" + text)
     if args.results:
         stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
         with RESULTS.open("a") as out:
             out.write(f"\n### Run of {stamp}\n\n{text}\n")
-    return 1 if any(s.errors for s in summaries) else 0
+    return 1 if any(s.errors for same in rounds for s in same) else 0
 
 
 if __name__ == "__main__":

@@ -12,7 +12,17 @@ import pytest
 from bench.engine_alone import EngineTarget
 from bench.loadgen import RequestSpec, Summary, run_load
 from bench.plot import plot
-from bench.run import ADAPTER, ENGINE, ENGINE_EXPLICIT, GRPC, PEER, Plan, ratios
+from bench.run import (
+    ADAPTER,
+    ENGINE,
+    ENGINE_EXPLICIT,
+    GRPC,
+    PEER,
+    Plan,
+    goal_ratios,
+    median_runs,
+    ratios,
+)
 
 ZERO = Summary("", 1, 10, 0, 1000, 1000, 1.0, 0.05, 0.1, 0.01, 0.02, None, 0.0)
 
@@ -65,6 +75,29 @@ def test_ratios_divide_the_right_runs_against_the_goals() -> None:
     assert math.isclose(found[f"{best}, TTFT p50"][0], 2.0) and not found[f"{best}, TTFT p50"][1]
     assert found["adapter / gRPC output tok/s, C=16"] == (0.95, True)
     assert found["engine alone: 1024 explicit ids / none, TPOT p50, C=16"] == (1.25, False)
+
+
+def test_rounds_report_the_median_ratio_and_keep_one_peer_mode() -> None:
+    """Each round's ratio pairs runs of that round; the peer's mode is the better by median."""
+    plan = Plan((16,), 54, 9, (32,), 0.0, 3)
+    plain, batching = f"{PEER} (plain) completions", f"{PEER} (continuous-batching) completions"
+    names = (ENGINE, GRPC, ADAPTER, plain, batching)
+    rounds = [
+        [_run(name, 16, rate, 0.05) for name, rate in zip(names, rates, strict=True)]
+        for rates in [
+            (2000, 1600, 1500, 900, 800),  # plain is better in this round only
+            (1000, 700, 650, 100, 500),
+            (1800, 1500, 1360, 100, 850),
+        ]
+    ]
+    assert [run.output_tokens for run in median_runs(rounds)] == [1800, 1500, 1360, 100, 800]
+    found = {r.what: r for r in goal_ratios(plan, rounds)}
+    engine = found["gRPC / engine alone, output tok/s, C=16"]
+    assert (engine.value, engine.low, engine.high, engine.rounds) == (0.8, 0.7, 1500 / 1800, 3)
+    # Per round 1500/800, 650/500 and 1360/850: the median is not the medians' ratio (1.7).
+    versus_peer = found[f"{ADAPTER} / {batching}, C=16, output tok/s"]
+    assert math.isclose(versus_peer.value, 1.6) and versus_peer.met
+    assert not any(plain in what for what in found)
 
 
 def test_the_plot_is_a_png(tmp_path: Path) -> None:

@@ -2,10 +2,11 @@
 
 Starts tritonserver with the `llm` model, keeps C streams busy with the benchmark's workload
 (`bench.loadgen.TritonTarget`), samples the stub process with `py-spy record` meanwhile, and
-prints the CPU each process and each stub thread used, then the share of samples in which each
-thread, and each function of ours or of pb_utils, was on the stack. Samples are taken with
-`--gil`: only the thread holding the GIL counts. The two differ: the engine thread spends most
-of its CPU in torch without the GIL.
+prints the CPU each process used, and for each stub thread the time it ran and the time it was
+runnable but waited for a CPU (Linux schedstat), then the share of samples in which each thread,
+and each function of ours or of pb_utils, was on the stack. Samples are taken with `--gil`:
+only the thread holding the GIL counts. The two differ: the engine thread spends most of its
+CPU in torch without the GIL.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import subprocess
 import sys
 import tempfile
@@ -47,6 +49,16 @@ def summarise(raw: Path, top: int) -> str:
     lines += ["", f"top {top} frames (inclusive):"]
     lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in frames.most_common(top)]
     return "\n".join(lines)
+
+
+def thread_schedstats(pid: int) -> dict[int, tuple[float, float]]:
+    """Each thread's seconds on a CPU and runnable in a run queue, from Linux's schedstat."""
+    stats = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread may end meanwhile
+            running, queued, _ = (task / "schedstat").read_text().split()
+            stats[int(task.name)] = (int(running) / 1e9, int(queued) / 1e9)
+    return stats
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             for process in processes.values():
                 process.cpu_percent()  # starts each process's window
-            stub = processes["llm stub"]
-            thread_cpu_before = {t.id: t.user_time + t.system_time for t in stub.threads()}
+            schedstat_before = thread_schedstats(pid)
             started = time.monotonic()
             try:
                 subprocess.run(
@@ -112,19 +123,28 @@ def main(argv: list[str] | None = None) -> int:
                 busy = {name: process.cpu_percent() for name, process in processes.items()}
                 elapsed = time.monotonic() - started
                 by_thread = {
-                    t.id: 100
-                    * (t.user_time + t.system_time - thread_cpu_before.get(t.id, 0.0))
-                    / elapsed
-                    for t in stub.threads()
+                    tid: (
+                        running - schedstat_before.get(tid, (0.0, 0.0))[0],
+                        queued - schedstat_before.get(tid, (0.0, 0.0))[1],
+                    )
+                    for tid, (running, queued) in thread_schedstats(pid).items()
                 }
             finally:
                 stop.set()
                 driver.join()
             print("CPU while sampled (100% = one core):")
             print("\n".join(f"  {share:5.0f}%  {name}" for name, share in busy.items()))
-            print("llm stub CPU by thread id (as py-spy names them below):")
-            busiest = sorted(by_thread.items(), key=lambda item: -item[1])[:6]
-            print("\n".join(f"  {share:5.0f}%  {tid}" for tid, share in busiest))
+            print(
+                "llm stub threads by id (as py-spy names them below): on a CPU, and runnable but "
+                "waiting for one (the rest of the time a thread sleeps: the GIL, a queue, IPC):"
+            )
+            busiest = sorted(by_thread.items(), key=lambda item: -item[1][0])[:6]
+            print(
+                "\n".join(
+                    f"  {100 * running / elapsed:5.0f}%  {100 * queued / elapsed:5.0f}%  {tid}"
+                    for tid, (running, queued) in busiest
+                )
+            )
             print(summarise(raw, args.top))
     return 0
 

@@ -17,6 +17,15 @@ INVALID = "invalid"
 """Input found bad only once the engine worked on it (a grammar that does not compile)."""
 
 
+@dataclass(frozen=True)
+class FinalError:
+    """The end of a request as an error of `kind` (one of the kinds above), in place of its last
+    output."""
+
+    message: str
+    kind: str
+
+
 @dataclass
 class PromptLogprobs:
     """Logprobs at prompt positions 1..P-1 (position i scores prompt token i), sent once."""

@@ -22,10 +22,9 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from backend.outputs import INTERNAL, StepOutput, merge_outputs
+from backend.outputs import INTERNAL, FinalError, StepOutput, merge_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -52,12 +51,6 @@ class Transport(Protocol[RequestIn]):
     def is_cancelled(self, request: RequestIn) -> bool: ...
 
 
-@dataclass(frozen=True)
-class _Error:
-    message: str
-    kind: str
-
-
 class Outbox(Generic[Request]):
     """One request's outputs on their way out; the engine's sink for that request.
 
@@ -70,7 +63,7 @@ class Outbox(Generic[Request]):
         self.request = request
         self._ready = ready
         self._lock = threading.Lock()
-        self._pending: list[StepOutput | _Error] = []
+        self._pending: list[StepOutput | FinalError] = []
         self._tokens = 0
         """Tokens in `_pending`."""
         self._wake_at = 1
@@ -93,16 +86,16 @@ class Outbox(Generic[Request]):
         self._put(output)
 
     def send_error(self, message: str, *, kind: str = INTERNAL) -> None:
-        self._put(_Error(message, kind))
+        self._put(FinalError(message, kind))
 
     def is_cancelled(self) -> bool:
         return self.cancelled
 
-    def _put(self, item: StepOutput | _Error) -> None:
-        ends = isinstance(item, _Error) or item.finish_reason is not None
+    def _put(self, item: StepOutput | FinalError) -> None:
+        ends = isinstance(item, FinalError) or item.finish_reason is not None
         with self._lock:
             self._pending.append(item)
-            self._tokens += 0 if isinstance(item, _Error) else len(item.token_ids)
+            self._tokens += 0 if isinstance(item, FinalError) else len(item.token_ids)
             # A waiting outbox is queued already, but its end must not wait: queue it again.
             wake = ends or (not self._queued and self._tokens >= self._wake_at)
             self._queued = self._queued or wake
@@ -120,7 +113,7 @@ class Outbox(Generic[Request]):
             self._queued = False
             return True
 
-    def take(self) -> list[StepOutput | _Error]:
+    def take(self) -> list[StepOutput | FinalError]:
         """Everything pending, in order (writer thread)."""
         with self._lock:
             items, self._pending = self._pending, []
@@ -269,7 +262,7 @@ class ResponseWriter(Generic[Request, Stats]):
         items = box.take()
         self._poll_cancelled(box)
         # The data before an error goes out first; nothing after the end does.
-        end = next((i for i, item in enumerate(items) if isinstance(item, _Error)), len(items))
+        end = next((i for i, item in enumerate(items) if isinstance(item, FinalError)), len(items))
         outputs = [item for item in items[:end] if isinstance(item, StepOutput)]
         for chunk in self._chunks(outputs):
             merged = merge_outputs(chunk)
@@ -284,7 +277,7 @@ class ResponseWriter(Generic[Request, Stats]):
                 self._close(box)
                 return
         error = items[end] if end < len(items) else None
-        if isinstance(error, _Error):
+        if isinstance(error, FinalError):
             self._transport.send_error(box.request, error.message, error.kind)
             self._close(box)
 

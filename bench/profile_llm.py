@@ -1,12 +1,13 @@
-"""`python -m bench.profile_llm`: where the `llm` stub's time goes under load (py-spy).
+"""`python -m bench.profile_llm`: where the `llm` model's time goes under load (py-spy).
 
 Starts tritonserver with the `llm` model, keeps C streams busy with the benchmark's workload
-(`bench.loadgen.TritonTarget`), samples the stub process with `py-spy record` meanwhile, and
-prints the CPU each process used, and for each stub thread the time it ran and the time it was
-runnable but waited for a CPU (Linux schedstat), then the share of samples in which each thread,
-and each function of ours or of pb_utils, was on the stack. Samples are taken with `--gil`:
-only the thread holding the GIL counts. The two differ: the engine thread spends most of its
-CPU in torch without the GIL.
+(`bench.loadgen.TritonTarget`), samples the stub and its engine process
+(`backend.engine_process`) with `py-spy record` meanwhile, and prints the CPU each process used,
+and for each of their threads the time it ran and the time it was runnable but waited for a CPU
+(Linux schedstat), then the share of samples in which each thread, and each function of ours or
+of pb_utils, was on the stack. Samples are taken with `--gil`: only a thread holding its
+process's GIL counts. The two differ: the engine thread spends most of its CPU in torch without
+the GIL.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 import psutil
 
 from backend import default_model
+from backend.engine_process import engine_of
 from backend.repository import write_repository
 from backend.tritonserver import TritonServer
 from bench.loadgen import TritonTarget, make_workload, run_load
@@ -99,14 +101,17 @@ def main(argv: list[str] | None = None) -> int:
             driver = threading.Thread(target=load)
             driver.start()
             raw = Path(tmp) / "llm.txt"
+            engine = engine_of(pid)
             processes = {
                 "llm stub": psutil.Process(pid),
+                "engine process": engine,
                 "tritonserver": psutil.Process(server.pid),
                 "load generator": psutil.Process(),
             }
             for process in processes.values():
                 process.cpu_percent()  # starts each process's window
-            schedstat_before = thread_schedstats(pid)
+            sampled = (pid, engine.pid)
+            schedstat_before = {t: s for p in sampled for t, s in thread_schedstats(p).items()}
             started = time.monotonic()
             try:
                 subprocess.run(
@@ -114,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                         str(Path(sys.executable).parent / "py-spy"),
                         "record",
                         *("--pid", str(pid), "--duration", str(args.seconds)),
-                        *("--gil", "--threads", "--format", "raw", "--output", str(raw)),
+                        *("--gil", "--threads", "--subprocesses"),
+                        *("--format", "raw", "--output", str(raw)),
                         *(["--native"] if args.native else []),
                     ],
                     check=True,
@@ -127,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                         running - schedstat_before.get(tid, (0.0, 0.0))[0],
                         queued - schedstat_before.get(tid, (0.0, 0.0))[1],
                     )
-                    for tid, (running, queued) in thread_schedstats(pid).items()
+                    for p in sampled
+                    for tid, (running, queued) in thread_schedstats(p).items()
                 }
             finally:
                 stop.set()
@@ -135,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
             print("CPU while sampled (100% = one core):")
             print("\n".join(f"  {share:5.0f}%  {name}" for name, share in busy.items()))
             print(
-                "llm stub threads by id (as py-spy names them below): on a CPU, and runnable but "
-                "waiting for one (the rest of the time a thread sleeps: the GIL, a queue, IPC):"
+                "stub and engine threads by id (as py-spy names them below): on a CPU, and "
+                "runnable but waiting for one (the rest of the time a thread sleeps: the GIL, a "
+                "queue, IPC):"
             )
             busiest = sorted(by_thread.items(), key=lambda item: -item[1][0])[:6]
             print(

@@ -4,6 +4,7 @@ cancellation, metrics and lifecycle (the token values are checked in test_engine
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -64,8 +65,9 @@ def wait_final(*requests: FakeRequest) -> None:
         assert request.sender.final.wait(WAIT_S), f"no FINAL for {request.request_id()!r}"
 
 
-def engine_threads() -> set[threading.Thread]:
-    return {t for t in threading.enumerate() if t.name == "llm-engine" and t.is_alive()}
+def engine_processes() -> set[multiprocessing.process.BaseProcess]:
+    """The engine processes this process runs (`backend.engine_process`)."""
+    return {p for p in multiprocessing.active_children() if p.name == "llm-engine"}
 
 
 def test_each_request_gets_one_final_with_its_last_data_response(
@@ -187,11 +189,11 @@ def test_initialize_refuses_a_non_decoupled_config(
     pb_utils: ModuleType,
     decoupled: bool | None,
 ) -> None:
-    before = engine_threads()
+    before = engine_processes()
     model = import_model("llm").TritonPythonModel()
     with pytest.raises(pb_utils.TritonModelException, match=r"decoupled: true"):
         model.initialize(model_args("llm", decoupled=decoupled))
-    assert engine_threads() == before
+    assert engine_processes() == before
 
 
 def test_finalize_stops_the_engine_and_ends_requests_in_flight(
@@ -200,10 +202,10 @@ def test_finalize_stops_the_engine_and_ends_requests_in_flight(
     pb_utils: ModuleType,
     prompt: np.ndarray,
 ) -> None:
-    before = engine_threads()
+    before = engine_processes()
     model = import_model("llm").TritonPythonModel()
     model.initialize(model_args("llm"))
-    [thread] = engine_threads() - before
+    [engine] = engine_processes() - before
 
     request = greedy_request(prompt, 400, request_id="in-flight")
     streaming = threading.Event()
@@ -212,7 +214,7 @@ def test_finalize_stops_the_engine_and_ends_requests_in_flight(
     assert streaming.wait(WAIT_S)
     model.finalize()
 
-    assert not thread.is_alive()
+    assert not engine.is_alive()
     assert request.sender.final.is_set()
     assert request.sender.final_count == 1
     last, flags = request.sender.sent[-1]

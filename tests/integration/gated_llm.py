@@ -8,6 +8,7 @@ advances until the gate opens (`tests.integration.openai_support.held`). Importi
 outside Triton is safe: the product model is loaded in `initialize`.
 """
 
+import functools
 import importlib.util
 import time
 from pathlib import Path
@@ -27,21 +28,27 @@ def _product_model() -> ModuleType:
     return module
 
 
+def hold_while_gated(gate: Path, engine) -> None:
+    """Run in the engine's process (`TritonPythonModel.prepare_engine`), which imports this file
+    as `model` too: the stub's folder is on its path."""
+    step = engine._step
+
+    def gated_step() -> None:
+        while gate.exists() and all(seq.generated for seq in engine._active):
+            engine._admit()  # a request arriving meanwhile still gets its first token
+            engine._publish_stats()  # which leaves the engine's process with the stats
+            time.sleep(0.01)
+        step()
+
+    engine._step = gated_step
+
+
 class TritonPythonModel:
     def initialize(self, args) -> None:
         self._model = _product_model().TritonPythonModel()
-        self._model.initialize(args)
         gate = Path(args["model_repository"]) / GATE_FILE
-        engine = self._model.engine
-        step = engine._step
-
-        def gated_step() -> None:
-            while gate.exists() and all(seq.generated for seq in engine._active):
-                engine._admit()  # a request arriving meanwhile still gets its first token
-                time.sleep(0.01)
-            step()
-
-        engine._step = gated_step
+        self._model.prepare_engine = functools.partial(hold_while_gated, gate)
+        self._model.initialize(args)
 
     def execute(self, requests) -> None:
         return self._model.execute(requests)

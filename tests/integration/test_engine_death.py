@@ -26,6 +26,7 @@ import pytest
 
 from backend import contract
 from backend.adapter_server import AdapterServer
+from backend.engine_process import engine_of
 from backend.repository import write_repository
 from backend.supervisor import RestartPolicy, Supervisor
 from backend.tritonserver import SHM_DIR, TritonServer, running
@@ -65,6 +66,15 @@ class Stack:
 
     def stub_pid(self, model: str) -> int:
         return next(stub.process.pid for stub in self.server.stubs if stub.model == model)
+
+    def victim(self, model: str) -> int:
+        """The process a test kills for `model` (see its test)."""
+        if model == "tritonserver":
+            assert self.server.pid is not None
+            return self.server.pid
+        if model == "engine":
+            return engine_of(self.stub_pid("llm")).pid
+        return self.stub_pid(model)
 
     def ready(self) -> bool:
         return self.http.get("/health/ready").status_code == 200
@@ -128,10 +138,11 @@ def _completion(stack: Stack) -> str:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("model", ["llm", "preprocessing", "tritonserver"])
+@pytest.mark.parametrize("model", ["llm", "engine", "preprocessing", "tritonserver"])
 def test_a_killed_stub_fails_fast_reports_not_ready_and_heals(stack: Stack, model: str) -> None:
-    """`model` is the stub killed; "tritonserver" kills the server process itself (its stubs
-    are left orphaned, and must go too)."""
+    """`model` is the stub killed; "engine" kills the `llm` stub's engine process (the stub then
+    ends itself); "tritonserver" kills the server process itself (its stubs are left orphaned,
+    and must go too)."""
     before = _completion(stack)
     restarts = stack.restarts_metric()
     old_regions = {stub.shm_region for stub in stack.server.stubs}
@@ -144,9 +155,7 @@ def test_a_killed_stub_fails_fast_reports_not_ready_and_heals(stack: Stack, mode
         assert next(line for line in lines if line.startswith("data: "))
         assert direct.next()[1] is None  # streaming
         old_stubs = [stub.process for stub in stack.server.stubs]
-        victim = stack.server.pid if model == "tritonserver" else stack.stub_pid(model)
-        assert victim is not None
-        os.kill(victim, signal.SIGKILL)
+        os.kill(stack.victim(model), signal.SIGKILL)
         killed_at = time.monotonic()
         *_, error, done = sse_events(list(lines))
         errored_in = time.monotonic() - killed_at
@@ -170,7 +179,7 @@ def test_a_killed_stub_fails_fast_reports_not_ready_and_heals(stack: Stack, mode
     assert stack.restarts_metric() == restarts + 1
     assert not any((SHM_DIR / region).exists() for region in old_regions if region)
     assert not [stub for stub in old_stubs if running(stub)]
-    fault = model if model == "tritonserver" else f"the {model} stub"
+    fault = {"tritonserver": model, "engine": "the engine process"}.get(model, f"the {model} stub")
     print(
         f"\nkill -9 of {fault}: stream error in {errored_in:.2f} s, adapter not ready in "
         f"{unready_in:.2f} s, healed in {healed_in:.1f} s"

@@ -2,22 +2,23 @@
 since the last one (one per response while the writer keeps up).
 
 Tensor contract: docs/tensors.md. `execute` parses each request into `GenerationParams` and
-hands it to the engine thread, which appends its outputs to the request's outbox; the response
-writer thread sends them (`backend.response_writer`), the FINAL flag with the last response,
-exactly once, also on error and cancellation.
+hands it to the engine, which runs in a process of its own (`backend.engine_process`); its
+outputs land in the request's outbox, and the response writer thread sends them
+(`backend.response_writer`), the FINAL flag with the last response, exactly once, also on error
+and cancellation.
 """
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import triton_python_backend_utils as pb_utils
 
 from backend.config import RESTARTS_ENV, LLMConfig
 from backend.engine import Engine, EngineStats
-from backend.model_runner import ModelRunner
+from backend.engine_process import EngineProcess
 from backend.outputs import BUSY, CANCELLED, INVALID, StepOutput
 from backend.params import GenerationParams, InvalidInputError
 from backend.response_writer import ResponseWriter
@@ -153,6 +154,9 @@ class _Metrics:
 
 
 class TritonPythonModel:
+    prepare_engine: Callable[[Engine], None] | None = None
+    """Runs on the engine in its process before it starts (tests hold its steps with it)."""
+
     def initialize(self, args) -> None:
         model_config = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(model_config):
@@ -161,16 +165,6 @@ class TritonPythonModel:
             )
         self.logger = pb_utils.Logger
         config = LLMConfig.from_model_config(model_config, args["model_repository"])
-        torch.set_num_threads(config.num_threads or max(1, (os.cpu_count() or 2) // 2))
-        runner = ModelRunner(
-            config.model_path,
-            device=config.device,
-            dtype=config.dtype,
-            max_num_seqs=config.max_num_seqs,
-            max_model_len=config.max_model_len,
-            kv_cache_bytes=config.kv_cache_memory_mb * 2**20,
-            fast_decode=config.fast_decode,
-        )
         self.metrics = _Metrics(args["model_name"])
         self.writer: ResponseWriter[_Request, EngineStats] = ResponseWriter(
             _TritonTransport(self.logger),
@@ -179,29 +173,30 @@ class TritonPythonModel:
             stream_interval_tokens=config.stream_interval_tokens,
             on_stats=self.metrics.update,
         )
-        self.engine = Engine(
-            runner,
-            max_logprobs=config.max_logprobs,
-            max_logprob_token_ids=config.max_logprob_token_ids,
-            max_queue_size=config.max_queue_size,
+        self.engine = EngineProcess(
+            config,
             on_stats=self.writer.publish_stats,
-            grammar_cache_size=config.grammar_cache_size,
-            grammar_compile_timeout_s=config.grammar_compile_timeout_ms / 1000,
-            grammar_disable_any_whitespace=config.grammar_disable_any_whitespace,
+            on_death=self._engine_died,
+            prepare=self.prepare_engine,
         )
         self.writer.start()
-        self.engine.start()
-        self.logger.log_info(
-            f"llm ready: {config.model_path} on {runner.device} ({runner.dtype}), "
-            f"vocab {runner.vocab_size}, context {runner.max_model_len}, "
-            f"{runner.num_slots} KV slots"
-        )
+        ready = self.engine.start()
+        self.limits = ready.limits
+        self.logger.log_info(f"llm ready: {ready.description}")
+
+    def _engine_died(self) -> None:
+        """Every request in flight has its error in its outbox: send them, then end the stub,
+        so that the launcher restarts the server (docs/design.md, "Surviving the engine's
+        death"); python_backend would keep a stub without an engine "ready"."""
+        self.logger.log_error("llm: the engine process died; ending this stub")
+        self.writer.stop()
+        os._exit(1)
 
     def execute(self, requests) -> None:
         for request in requests:
             arrays = {t.name(): t.as_numpy() for t in request.inputs()}
             try:
-                params = parse_request(arrays, self.engine.limits, request.request_id())
+                params = parse_request(arrays, self.limits, request.request_id())
             except InvalidInputError as exc:
                 error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
                 request.get_response_sender().send(

@@ -1,0 +1,188 @@
+"""The engine in a process of its own (`backend.engine_process`): outputs reach their sinks as
+the model computes them, a sink's cancel reaches the engine, `stop` ends every request, and the
+engine's death fails every request in flight, as the stub's death ends the engine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from transformers import AutoConfig
+
+from backend import default_model
+from backend.config import LLMConfig
+from backend.engine import EngineStats
+from backend.engine_process import EngineProcess
+from backend.outputs import CANCELLED, INTERNAL
+from backend.params import GenerationParams
+from backend.stopping import LENGTH
+from tests.reference import reference_greedy, reference_logprobs, tokenizer
+from tests.sinks import RecordingSink
+
+WAIT_S = 60.0
+ATOL = 1e-4
+IDS = [0, 7, 1003, 7]  # a duplicate too
+
+
+@pytest.fixture
+def config(model_dir: Path) -> LLMConfig:
+    return LLMConfig(model_path=str(model_dir), max_num_seqs=4, max_model_len=512, num_threads=1)
+
+
+@pytest.fixture
+def passage(model_dir: Path) -> list[int]:
+    return tokenizer(model_dir)(default_model.PASSAGE)["input_ids"]
+
+
+@pytest.fixture
+def engine(config: LLMConfig) -> Iterator[EngineProcess]:
+    process = EngineProcess(config)
+    process.start()
+    yield process
+    process.stop()
+
+
+def long_request(prompt: list[int]) -> GenerationParams:
+    """More tokens than a test waits for: it ends by cancel, stop or death."""
+    return GenerationParams(prompt_ids=prompt, max_tokens=400, temperature=0, ignore_eos=True)
+
+
+def wait_for_tokens(sink: RecordingSink) -> None:
+    streaming = threading.Event()
+    original = sink.send
+
+    def send(output):  # type: ignore[no-untyped-def]
+        original(output)
+        streaming.set()
+
+    sink.send = send  # type: ignore[method-assign]
+    assert streaming.wait(WAIT_S)
+
+
+def test_outputs_match_transformers_and_stats_arrive(
+    config: LLMConfig, model_dir: Path, passage: list[int]
+) -> None:
+    stats: list[EngineStats] = []
+    process = EngineProcess(config, on_stats=stats.append)
+    ready = process.start()
+    assert ready.limits.vocab_size == AutoConfig.from_pretrained(model_dir).vocab_size
+    assert str(model_dir) in ready.description
+    prompts = [passage[:5], passage[:12], [1, 2, 3]]
+    sinks = [RecordingSink() for _ in prompts]
+    try:
+        for i, (prompt, sink) in enumerate(zip(prompts, sinks, strict=True)):
+            process.submit(
+                GenerationParams(
+                    prompt_ids=prompt,
+                    max_tokens=6,
+                    temperature=0,
+                    ignore_eos=True,
+                    logprob_token_ids=IDS,
+                    request_id=f"r{i}",
+                ),
+                sink,
+            )
+        for sink in sinks:
+            assert sink.done.wait(WAIT_S)
+    finally:
+        process.stop()
+
+    for prompt, sink in zip(prompts, sinks, strict=True):
+        assert sink.error is None and sink.outputs[-1].finish_reason == LENGTH
+        assert sink.token_ids == reference_greedy(model_dir, prompt, 6)
+        expected = reference_logprobs(model_dir, prompt, sink.token_ids)[:, IDS]
+        np.testing.assert_allclose(sink.id_logprobs, expected, atol=ATOL)
+    assert stats[-1].finished_requests == len(prompts)
+    assert stats[-1].active_sequences == 0
+
+
+def test_a_cancelled_request_ends_cancelled_and_the_others_finish(
+    engine: EngineProcess, passage: list[int]
+) -> None:
+    cancelled, other = RecordingSink(cancel_after=2), RecordingSink()
+    engine.submit(long_request(passage[:8]), cancelled)
+    engine.submit(GenerationParams(prompt_ids=passage[:8], max_tokens=20, temperature=0), other)
+    assert cancelled.done.wait(WAIT_S) and other.done.wait(WAIT_S)
+    assert cancelled.kind == CANCELLED and "cancelled" in (cancelled.error or "")
+    assert 2 <= len(cancelled.token_ids) < 400
+    assert other.error is None and other.outputs[-1].finish_reason is not None
+
+
+def test_stop_ends_requests_in_flight_and_the_process(
+    config: LLMConfig, passage: list[int]
+) -> None:
+    process = EngineProcess(config)
+    process.start()
+    sink = RecordingSink()
+    process.submit(long_request(passage[:8]), sink)
+    wait_for_tokens(sink)
+    process.stop()
+    assert sink.done.is_set()
+    assert sink.kind == INTERNAL and "shutting down" in (sink.error or "")
+    assert len(sink.token_ids) < 400
+    later = RecordingSink()
+    process.submit(long_request(passage[:8]), later)
+    assert later.done.is_set() and "shutting down" in (later.error or "")
+
+
+def test_the_engine_process_death_fails_every_request_and_is_reported(
+    config: LLMConfig, passage: list[int]
+) -> None:
+    died = threading.Event()
+    process = EngineProcess(config, on_death=died.set)
+    process.start()
+    sinks = [RecordingSink(), RecordingSink()]
+    for sink in sinks:
+        process.submit(long_request(passage[:8]), sink)
+    for sink in sinks:
+        wait_for_tokens(sink)
+    assert process.pid is not None
+    os.kill(process.pid, signal.SIGKILL)
+    assert died.wait(WAIT_S)
+    for sink in sinks:
+        assert sink.done.is_set() and sink.kind == INTERNAL
+        assert sink.error == "the engine process died"
+    process.stop()  # after a death: returns, and nothing more is sent
+
+
+_ORPHAN = """
+import sys
+from backend.config import LLMConfig
+from backend.engine_process import EngineProcess
+process = EngineProcess(LLMConfig(model_path=sys.argv[1], max_num_seqs=2, num_threads=1))
+process.start()
+print(process.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_the_engine_process_ends_when_its_stub_is_killed(model_dir: Path) -> None:
+    stub = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN, str(model_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert stub.stdout is not None
+        engine = psutil.Process(int(stub.stdout.readline()))
+        assert engine.is_running()
+    finally:
+        stub.kill()
+        stub.wait()
+    engine.wait(WAIT_S)  # raises psutil.TimeoutExpired if the engine outlived its stub
+    assert not engine.is_running()
+
+
+def test_a_model_that_fails_to_load_fails_start_with_its_error(tmp_path: Path) -> None:
+    process = EngineProcess(LLMConfig(model_path=str(tmp_path / "missing")))
+    with pytest.raises(RuntimeError, match=r"the engine process failed to start: .*missing"):
+        process.start()

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -115,6 +115,17 @@ class _Sequence:
         return len(self.params.prompt_ids) + self.generated
 
 
+class _Sampled(NamedTuple):
+    """A token sampled and past the stop rules, whose output waits for its logprobs."""
+
+    seq: _Sequence
+    row: int
+    """Its row in the batch it was sampled with."""
+    token: int
+    text: str
+    reason: str | None
+
+
 class _RowLogprobs(NamedTuple):
     """One sequence's logprobs at one step: [1], [1, k], [1, k], [1, M]."""
 
@@ -165,6 +176,16 @@ class Engine:
         # The last decode's logits [B, V] and the sequences of its rows: reused as the next
         # step's batch while membership is unchanged, instead of re-stacking the rows.
         self._decoded: tuple[torch.Tensor, list[_Sequence]] | None = None
+        # Each step's logprobs are gathered on this thread while the engine thread runs the next
+        # forward (CPU only: CUDA queues both anyway); the outputs go once both are done
+        # (docs/design.md, "Logprobs beside the next forward").
+        self._logprob_worker = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-logprobs")
+            if runner.device.type == "cpu"
+            else None
+        )
+        self._unsent: list[tuple[list[_Sampled], Future[dict[str, np.ndarray] | None]]] = []
+        """Sampled tokens whose outputs go at the end of the iteration, with their logprobs."""
         self._running = False
         self._thread: threading.Thread | None = None
 
@@ -201,6 +222,8 @@ class Engine:
             pending.sink.send_error("the model is shutting down")
         if self._grammars is not None:
             self._grammars.close()
+        if self._logprob_worker is not None:
+            self._logprob_worker.shutdown()
 
     def submit(self, params: GenerationParams, sink: OutputSink) -> None:
         """Queue a validated request; responses go to `sink` from the engine thread."""
@@ -243,9 +266,12 @@ class Engine:
                 self._admit()
                 if self._active:
                     self._step()
+                self._send_sampled()
             except Exception as exc:  # a bug must not kill the thread or hang the streams
                 logger.exception("engine iteration failed")
-                for seq in self._active:
+                unsent = {id(s.seq): s.seq for sampled, _ in self._unsent for s in sampled}
+                self._unsent.clear()
+                for seq in {**unsent, **{id(seq): seq for seq in self._active}}.values():
                     seq.sink.send_error(f"internal error: {exc}")
                 self._active.clear()
             self._publish_stats()
@@ -340,8 +366,10 @@ class Engine:
         # Its first token now, not after the other admissions' prefills: a burst of 16 prompts
         # otherwise waits for all 16 (docs/design.md, "Time to first token").
         self._sample([seq], logits[-1:])
+        self._send_sampled()
         if not seq.finished:
             self._active.append(seq)
+        self._publish_stats()  # in its own process, the engine's outputs leave with the stats
 
     def _prompt_logprobs(self, params: GenerationParams, logits: torch.Tensor) -> PromptLogprobs:
         """One kernel call over the prompt positions: position i scores token i + 1."""
@@ -383,16 +411,45 @@ class Engine:
             self._decoded = (new_logits, list(self._active))
 
     def _sample(self, rows: list[_Sequence], logits: torch.Tensor) -> None:
-        """One token for each row from `logits` [len(rows), V], with its logprobs and output."""
+        """One token for each row from `logits` [len(rows), V]: the stop rules now, so that the
+        next forward knows who goes on; the outputs, with their logprobs, at the iteration's
+        end (`_send_sampled`)."""
         batch = batch_from_rows([s.sampling for s in rows], self.runner.vocab_size, logits.device)
         constrained = [(row, s.matcher) for row, s in enumerate(rows) if s.matcher is not None]
         if constrained and self._bitmask is not None:
             batch.grammar_mask = self._bitmask.fill(constrained)
         sampled = sample(logits, batch)
-        gathered = self._gather(logits, sampled, rows)
+        logprobs = self._gather_soon(logits, sampled, rows)
+        accepted = []
         for row, (seq, token) in enumerate(zip(rows, sampled.tolist(), strict=True)):
             seq.logits = None
-            self._advance(seq, row, token, gathered)
+            step = self._advance(seq, token)
+            if step is not None:
+                accepted.append(_Sampled(seq, row, token, *step))
+        self._unsent.append((accepted, logprobs))
+
+    def _gather_soon(
+        self, logits: torch.Tensor, sampled: torch.Tensor, rows: list[_Sequence]
+    ) -> Future[dict[str, np.ndarray] | None]:
+        """`_gather` on the logprob worker (CPU), else done now."""
+        if self._logprob_worker is not None and any(s.params.wants_logprobs for s in rows):
+            return self._logprob_worker.submit(self._gather, logits, sampled, rows)
+        done: Future[dict[str, np.ndarray] | None] = Future()
+        done.set_result(self._gather(logits, sampled, rows))
+        return done
+
+    def _send_sampled(self) -> None:
+        """The outputs of the tokens sampled in this iteration, in order, with their logprobs."""
+        for accepted, logprobs in self._unsent:
+            gathered = logprobs.result()
+            for s in accepted:
+                row = self._row_logprobs(s.seq, s.row, gathered)
+                output = self._step_output(s.seq, s.token, s.text, s.reason, row)
+                if s.reason is None:
+                    s.seq.sink.send(output)
+                else:
+                    self._finish(s.seq, output)
+        self._unsent.clear()
 
     def _batch_logits(self, rows: list[_Sequence]) -> torch.Tensor:
         if self._decoded is not None:
@@ -415,14 +472,13 @@ class Engine:
                 active[seq.slot] = last
 
     def _drop_cancelled(self) -> None:
-        for seq in self._active:
-            if seq.sink.is_cancelled():
-                logger.info(
-                    "request %s cancelled after %d tokens", seq.params.request_id, seq.generated
-                )
-                self.stats.cancelled_requests += 1
-                seq.finished = True
-                seq.sink.send_error("the request was cancelled", kind=CANCELLED)
+        for seq in [seq for seq in self._active if seq.sink.is_cancelled()]:
+            logger.info(
+                "request %s cancelled after %d tokens", seq.params.request_id, seq.generated
+            )
+            self.stats.cancelled_requests += 1
+            seq.finished = True
+            seq.sink.send_error("the request was cancelled", kind=CANCELLED)
         self._compact()
 
     def _gather(
@@ -463,10 +519,9 @@ class Engine:
                 padded[row, : len(seq.token_ids_tensor)] = seq.token_ids_tensor
         return padded
 
-    def _advance(
-        self, seq: _Sequence, row: int, token: int, gathered: dict[str, np.ndarray] | None
-    ) -> None:
-        """One sampled token: the stop rules, its text, its logprobs, then the output."""
+    def _advance(self, seq: _Sequence, token: int) -> tuple[str, str | None] | None:
+        """One sampled token through the stop rules: its text and finish reason (the sequence
+        is then finished), or None when it ended the request with an error."""
         seq.generated += 1
         seq.last_token = token
         seq.sampling.observe(token)
@@ -480,15 +535,12 @@ class Engine:
                     "ALLOWED_TOKEN_IDS, LOGIT_BIAS_IDS or MIN_TOKENS",
                     kind=INVALID,
                 )
-                return
+                return None
             if reason is None and seq.matcher.is_terminated():
                 reason = STOP
         text, reason = self._new_text(seq, token, reason)
-        output = self._step_output(seq, token, text, reason, self._row_logprobs(seq, row, gathered))
-        if reason is None:
-            seq.sink.send(output)
-        else:
-            self._finish(seq, output)
+        seq.finished = reason is not None
+        return text, reason
 
     def _token_stop_reason(self, seq: _Sequence, token: int) -> str | None:
         return token_stop_reason(

@@ -15,7 +15,7 @@ from backend import contract, default_model
 from backend import triton_io as io
 from backend.engine import Engine, EngineStats
 from backend.model_runner import ModelRunner
-from backend.outputs import INTERNAL
+from backend.outputs import CANCELLED, INTERNAL
 from backend.params import GenerationParams
 from backend.stopping import LENGTH
 from backend.token_bytes import token_bytes_table
@@ -89,7 +89,10 @@ def test_each_row_of_a_mixed_batch_gets_exactly_its_own_logprobs(
         for row, (logprobs, ids) in enumerate(ROWS)
     ]
     sinks = run(engine, requests)
-    assert stats[0].active_sequences == len(ROWS)  # all rows in the first step together
+    # All rows admitted in the first iteration (stats go after each admission), so they share
+    # its step.
+    assert [s.active_sequences for s in stats[: len(ROWS)]] == list(range(1, len(ROWS) + 1))
+    assert stats[len(ROWS) - 1].generated_tokens == len(ROWS)
     table = token_bytes_table(tokenizer(model_dir), 1024)
 
     for params, sink in zip(requests, sinks, strict=True):
@@ -174,3 +177,24 @@ def test_stop_answers_queued_requests_that_never_started(runner: ModelRunner) ->
     engine.stop()
     assert sink.outputs == []
     assert (sink.error, sink.kind) == ("the model is shutting down", INTERNAL)
+
+
+def test_a_request_cancelled_at_admission_gets_its_first_token_then_the_cancel(
+    engine: Engine, passage: list[int]
+) -> None:
+    """A step's outputs wait for its logprobs, gathered beside the next forward; a cancel seen
+    in the iteration that admitted a request must not overtake its first token."""
+    params = GenerationParams(
+        prompt_ids=passage[:5], max_tokens=50, temperature=0.0, logprob_token_ids=[3, 9]
+    )
+    other = GenerationParams(prompt_ids=passage[:5], max_tokens=3, temperature=0.0)
+    cancelled, finished = RecordingSink(cancel_after=0), RecordingSink()
+    for request, sink in ((params, cancelled), (other, finished)):
+        engine.submit(request, sink)
+    engine.start()
+    for sink in (cancelled, finished):
+        assert sink.done.wait(WAIT_S)
+    assert [len(out.token_ids) for out in cancelled.outputs] == [1]
+    assert cancelled.outputs[0].token_id_logprobs.shape == (1, 2)
+    assert cancelled.kind == CANCELLED
+    assert finished.error is None and len(finished.token_ids) == 3

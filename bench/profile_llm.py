@@ -43,8 +43,10 @@ def summarise(raw: Path, top: int) -> str:
         samples = int(count)
         parts = stack.split(";")
         total += samples
-        threads[parts[0]] += samples
-        for frame in set(parts[1:]):
+        # With --subprocesses a stack starts with its process, then its thread.
+        thread = next((part for part in parts if part.startswith("thread (")), parts[0])
+        threads[thread] += samples
+        for frame in set(parts[parts.index(thread) + 1 :]):
             frames[frame] += samples
     lines = [f"{total} samples holding the GIL", "", "by thread:"]
     lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in threads.most_common()]

@@ -488,13 +488,14 @@ class Engine:
                 active[seq.slot] = last
 
     def _drop_cancelled(self) -> None:
-        for seq in [seq for seq in self._active if seq.sink.is_cancelled()]:
-            logger.info(
-                "request %s cancelled after %d tokens", seq.params.request_id, seq.generated
-            )
-            self.stats.cancelled_requests += 1
-            seq.finished = True
-            seq.sink.send_error("the request was cancelled", kind=CANCELLED)
+        for seq in self._active:
+            if seq.sink.is_cancelled():
+                logger.info(
+                    "request %s cancelled after %d tokens", seq.params.request_id, seq.generated
+                )
+                self.stats.cancelled_requests += 1
+                seq.finished = True
+                seq.sink.send_error("the request was cancelled", kind=CANCELLED)
         self._compact()
 
     def _gather(

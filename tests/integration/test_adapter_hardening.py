@@ -77,7 +77,9 @@ def test_the_api_key(limited: AdapterServer) -> None:
         assert anonymous.get("/health").status_code == 200
         assert anonymous.get("/health/ready").status_code == 200
     with openai.OpenAI(base_url=limited.base_url, api_key=KEY, max_retries=0) as client:
-        assert client.completions.create(**completion()).usage.completion_tokens == 2
+        # ignore_eos: the default temperature samples, and an early EOS would end it sooner.
+        created = client.completions.create(**completion(), extra_body={"ignore_eos": True})
+        assert created.usage is not None and created.usage.completion_tokens == 2
     with (
         openai.OpenAI(base_url=limited.base_url, api_key="sk-wrong", max_retries=0) as client,
         pytest.raises(openai.AuthenticationError),
@@ -122,7 +124,8 @@ def test_past_the_slot_and_the_queue_429(
     ):
         with held(triton_server):  # the stream cannot finish: it holds the only slot
             assert holding.status_code == 200
-            queued = pool.submit(http.post, "/v1/completions", json=completion())
+            # ignore_eos: the default temperature samples, and an early EOS would end it sooner.
+            queued = pool.submit(http.post, "/v1/completions", json=completion(ignore_eos=True))
             assert wait_for(lambda: metric_of(limited, "adapter_requests_waiting") == 1)
             refused = http.post("/v1/completions", json=completion())
             assert error_of(refused, 429)["code"] == "rate_limit_exceeded"

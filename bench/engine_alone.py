@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from pathlib import Path
 
-import torch
-
-from backend.engine import Engine
-from backend.model_runner import ModelRunner
+from backend.config import LLMConfig
+from backend.engine_process import build_engine
 from backend.outputs import StepOutput
 from backend.params import GenerationParams
 from backend.structured_output import StructuredOutput
@@ -70,15 +67,18 @@ class EngineTarget:
         dtype: str = "auto",
     ) -> None:
         self.name = name
-        torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))  # as `llm`'s num_threads 0
-        self.runner = ModelRunner(
-            str(model),
-            device=device,
-            dtype=dtype,
-            max_num_seqs=max_num_seqs,
-            fast_decode=fast_decode,
+        # The served engine's construction: `llm`'s config with its defaults (num_threads 0).
+        self._engine = build_engine(
+            LLMConfig(
+                model_path=str(model),
+                device=device,
+                dtype=dtype,
+                max_num_seqs=max_num_seqs,
+                fast_decode=fast_decode,
+            ),
+            on_stats=None,
         )
-        self._engine = Engine(self.runner)
+        self.runner = self._engine.runner
         self._engine.start()
         self.structured_output: StructuredOutput | None = None
         self.logprob_token_ids: list[int] = []

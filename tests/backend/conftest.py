@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 
+from backend import default_model
 from backend.engine import Engine
 from backend.model_runner import ModelRunner
 from tests.backend.triton_config import MODEL_REPOSITORY, config_parameters, model_config_json
 from tests.fakes import pb_utils as fake_pb_utils
+from tests.reference import tokenizer
 
 _module_ids = itertools.count()
 
@@ -103,3 +105,9 @@ def engine(runner: ModelRunner) -> Iterator[Engine]:
     engine.start()
     yield engine
     engine.stop()
+
+
+@pytest.fixture
+def passage(model_dir: Path) -> list[int]:
+    """The default model's memorised passage, as ids of the test model."""
+    return tokenizer(model_dir)(default_model.PASSAGE)["input_ids"]

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backend import contract, default_model
+from backend import contract
 from backend import triton_io as io
 from backend.engine import Engine, EngineStats
 from backend.model_runner import ModelRunner
@@ -29,11 +29,6 @@ ATOL = 1e-4
 @pytest.fixture
 def runner(model_dir: Path) -> ModelRunner:
     return ModelRunner(str(model_dir), max_num_seqs=8, max_model_len=256)
-
-
-@pytest.fixture
-def passage(model_dir: Path) -> list[int]:
-    return tokenizer(model_dir)(default_model.PASSAGE)["input_ids"]
 
 
 @pytest.fixture

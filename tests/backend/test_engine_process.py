@@ -17,14 +17,13 @@ import psutil
 import pytest
 from transformers import AutoConfig
 
-from backend import default_model
 from backend.config import LLMConfig
 from backend.engine import EngineStats
 from backend.engine_process import EngineProcess
 from backend.outputs import CANCELLED, INTERNAL
 from backend.params import GenerationParams
 from backend.stopping import LENGTH
-from tests.reference import reference_greedy, reference_logprobs, tokenizer
+from tests.reference import reference_greedy, reference_logprobs
 from tests.sinks import RecordingSink
 
 WAIT_S = 60.0
@@ -35,11 +34,6 @@ IDS = [0, 7, 1003, 7]  # a duplicate too
 @pytest.fixture
 def config(model_dir: Path) -> LLMConfig:
     return LLMConfig(model_path=str(model_dir), max_num_seqs=4, max_model_len=512, num_threads=1)
-
-
-@pytest.fixture
-def passage(model_dir: Path) -> list[int]:
-    return tokenizer(model_dir)(default_model.PASSAGE)["input_ids"]
 
 
 @pytest.fixture

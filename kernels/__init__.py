@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from kernels.common import LogprobOutput
 from kernels.logprobs import INTERPRET, gather_logprobs_triton
-from kernels.torch_path import gather_logprobs_torch
+from kernels.torch_path import HostLogprobs, gather_logprobs_host, gather_logprobs_torch
 
-__all__ = ["LogprobOutput", "gather_logprobs"]
+__all__ = ["HostLogprobs", "LogprobOutput", "gather_logprobs", "gather_logprobs_on_host"]
 
 
 def gather_logprobs(
@@ -35,3 +36,27 @@ def gather_logprobs(
     """
     run = gather_logprobs_triton if logits.is_cuda or INTERPRET else gather_logprobs_torch
     return run(logits, sampled_ids, top_k, token_ids, row_offsets, return_rank)
+
+
+def gather_logprobs_on_host(
+    logits: torch.Tensor,
+    sampled_ids: torch.Tensor,
+    top_k: int = 0,
+    token_ids: np.ndarray | None = None,
+) -> HostLogprobs:
+    """`gather_logprobs` for a decode batch, with valid int64 ids padded to [B, Kmax] with -1
+    (or None), and the results as host arrays. CPU logits go straight to the host path, with no
+    validation and few torch calls: the engine's logprob worker runs this beside the next
+    forward, and each torch call hands the GIL over (docs/design.md, "Logprobs beside the next
+    forward"). Other logits run `gather_logprobs`, then copy each result to the host."""
+    if logits.device.type == "cpu" and not INTERPRET:
+        return gather_logprobs_host(logits, sampled_ids.numpy(), top_k, token_ids)
+    ids = None if token_ids is None else torch.from_numpy(token_ids).to(logits.device)
+    out = gather_logprobs(logits, sampled_ids, top_k=top_k, token_ids=ids)
+    return HostLogprobs(
+        sampled_logprobs=out.sampled_logprobs.cpu().numpy(),
+        top_ids=out.top_ids.cpu().numpy(),
+        top_logprobs=out.top_logprobs.cpu().numpy(),
+        token_logprobs=out.token_logprobs.cpu().numpy(),
+        sampled_ranks=None,
+    )

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import triton
@@ -414,3 +415,31 @@ def test_kernels_under_interpreter() -> None:
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-4000:]
     assert "skipped" not in summary and " passed" in summary, summary
+
+
+@pytest.mark.parametrize("pad", [0, 5], ids=["ids in range", "padded with -1"])
+def test_on_host_matches_reference(pad: int) -> None:
+    """The engine's entry: numpy ids [B, Kmax] in, numpy out. All ids in range take the path
+    without masks; -1 padding still reads -inf."""
+    torch.manual_seed(3)
+    n_rows, n_vocab, width = 16, 32000, 64
+    logits = torch.randn(n_rows, n_vocab) * 4
+    sampled = torch.randint(0, n_vocab, (n_rows,))
+    ids = torch.randint(0, n_vocab, (n_rows, width))
+    ids[0, width - pad :] = -1
+    out = kernels.gather_logprobs_on_host(logits, sampled, top_k=2, token_ids=ids.numpy())
+    ref = reference_logprobs(logits, sampled, 2, ids)
+    for actual, expected in [
+        (out.sampled_logprobs, ref.sampled_logprobs),
+        (out.top_logprobs, ref.top_logprobs),
+        (out.token_logprobs, ref.token_logprobs),
+    ]:
+        assert isinstance(actual, np.ndarray) and actual.dtype == np.float32
+        torch.testing.assert_close(
+            torch.from_numpy(np.ascontiguousarray(actual)).double(),
+            expected,
+            atol=ATOL[torch.float32],
+            rtol=0,
+        )
+    assert np.array_equal(out.top_ids, ref.top_ids.numpy()) and out.top_ids.dtype == np.int32
+    assert np.isneginf(out.token_logprobs[0, width - pad :]).all()

@@ -3,7 +3,7 @@
 Continuous batching: between iterations new requests are admitted (prefilled into a free KV
 slot) and finished or cancelled ones leave; each iteration runs one batched forward for all
 active sequences, samples all rows in one vectorised call and gathers all rows' logprobs in one
-`kernels.gather_logprobs` call, on the raw logits (docs/design.md, "Logprob semantics").
+`kernels.gather_logprobs_on_host` call, on the raw logits (docs/design.md, "Logprob semantics").
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from backend.params import EngineLimits, GenerationParams
 from backend.sampling import RowState, batch_from_rows, sample
 from backend.stopping import LENGTH, STOP, StopStringMatcher, token_stop_reason
 from backend.token_bytes import special_token_ids, token_bytes_table
-from kernels import HostLogprobs, gather_logprobs, gather_logprobs_on_host
+from kernels import HostLogprobs, gather_logprobs_on_host
 from kernels.logprobs import warmup as warmup_kernels
 
 if TYPE_CHECKING:  # xgrammar is imported when a request first asks for a structured output
@@ -388,23 +388,25 @@ class Engine:
         self._publish_stats()  # in its own process, the engine's outputs leave with the stats
 
     def _prompt_logprobs(self, params: GenerationParams, logits: torch.Tensor) -> PromptLogprobs:
-        """One kernel call over the prompt positions: position i scores token i + 1."""
+        """One kernel call over the prompt positions: position i scores token i + 1, and every
+        position asks the same ids (padded form, without padding)."""
         targets = torch.tensor(params.prompt_ids[1:], device=logits.device)
-        k = params.prompt_logprobs or 0
         ids = params.prompt_logprob_token_ids
         rows = len(targets)
-        flat = torch.tensor(ids * rows, dtype=torch.int32, device=logits.device)
-        offsets = torch.arange(rows + 1, device=logits.device) * len(ids)
-        out = gather_logprobs(logits, targets, top_k=k, token_ids=flat, row_offsets=offsets)
-        top_ids = out.top_ids.cpu().numpy()
+        out = gather_logprobs_on_host(
+            logits,
+            targets,
+            top_k=params.prompt_logprobs or 0,
+            token_ids=np.tile(np.asarray(ids, np.int64), (rows, 1)) if ids else None,
+        )
         return PromptLogprobs(
             ids=list(params.prompt_ids),
             token_bytes=[self.token_bytes[i] for i in params.prompt_ids],
-            logprobs=out.sampled_logprobs.cpu().numpy(),
-            top_ids=top_ids,
-            top_logprobs=out.top_logprobs.cpu().numpy(),
-            top_bytes=[self.token_bytes[i] for i in top_ids.reshape(-1).tolist()],
-            token_id_logprobs=out.token_logprobs.cpu().numpy().reshape(rows, len(ids)),
+            logprobs=out.sampled_logprobs,
+            top_ids=out.top_ids,
+            top_logprobs=out.top_logprobs,
+            top_bytes=[self.token_bytes[i] for i in out.top_ids.reshape(-1).tolist()],
+            token_id_logprobs=out.token_logprobs.reshape(rows, len(ids)),
             token_id_bytes=[self.token_bytes[i] for i in ids],
         )
 

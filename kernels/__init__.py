@@ -44,11 +44,12 @@ def gather_logprobs_on_host(
     top_k: int = 0,
     token_ids: np.ndarray | None = None,
 ) -> HostLogprobs:
-    """`gather_logprobs` for a decode batch, with valid int64 ids padded to [B, Kmax] with -1
-    (or None), and the results as host arrays. CPU logits go straight to the host path, with no
-    validation and few torch calls: the engine's logprob worker runs this beside the next
-    forward, and each torch call hands the GIL over (docs/design.md, "Logprobs beside the next
-    forward"). Other logits run `gather_logprobs`, then copy each result to the host."""
+    """`gather_logprobs` for rows of logits (a decode batch, a prompt's positions), with valid
+    int64 ids padded to [B, Kmax] with -1 (or None), and the results as host arrays. CPU logits
+    go straight to the host path, with no validation and few torch calls: the engine's logprob
+    worker runs this beside the next forward, and each torch call hands the GIL over
+    (docs/design.md, "Logprobs beside the next forward"). Other logits run `gather_logprobs`,
+    then copy each result to the host."""
     if logits.device.type == "cpu" and not INTERPRET:
         return gather_logprobs_host(logits, sampled_ids.numpy(), top_k, token_ids)
     ids = None if token_ids is None else torch.from_numpy(token_ids).to(logits.device)

@@ -88,9 +88,10 @@ def gather_logprobs_host(
         looked_up = np.concatenate([looked_up, token_ids], axis=1)
     flat = None if padded or token_ids is None or row_offsets is None else (token_ids, row_offsets)
     rows_per_chunk = max(1, _CHUNK_ELEMENTS // n_vocab)
+    starts = range(0, n_rows, rows_per_chunk) or [0]  # B = 0: one empty chunk, empty results
     parts = [
         _chunk_logprobs(logits, looked_up, flat, top_k, return_rank, start, start + rows_per_chunk)
-        for start in range(0, n_rows, rows_per_chunk)
+        for start in starts
     ]
     looked, top_ids, top_logprobs, tokens, ranks = (
         column[0] if len(column) == 1 else np.concatenate(column)

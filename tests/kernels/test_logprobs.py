@@ -443,3 +443,14 @@ def test_on_host_matches_reference(pad: int) -> None:
         )
     assert np.array_equal(out.top_ids, ref.top_ids.numpy()) and out.top_ids.dtype == np.int32
     assert np.isneginf(out.token_logprobs[0, width - pad :]).all()
+
+
+def test_on_host_takes_no_rows() -> None:
+    """A one-token prompt's prompt logprobs: no positions, and results of the documented shapes."""
+    ids = np.zeros((0, 3), np.int64)
+    out = kernels.gather_logprobs_on_host(
+        torch.randn(0, 50), torch.zeros(0, dtype=torch.int64), 2, ids
+    )
+    shapes = [out.sampled_logprobs.shape, out.top_ids.shape, out.top_logprobs.shape]
+    assert shapes == [(0,), (0, 2), (0, 2)] and out.token_logprobs.shape == (0, 3)
+    assert out.top_ids.dtype == np.int32

@@ -99,7 +99,7 @@ def gather_logprobs_host(
     )
     return HostLogprobs(
         sampled_logprobs=np.ascontiguousarray(looked[:, 0]),
-        top_ids=top_ids.astype(np.int32),
+        top_ids=top_ids,
         top_logprobs=top_logprobs,
         token_logprobs=looked[:, 1:] if padded else tokens,
         sampled_ranks=ranks + 1 if return_rank else None,
@@ -116,9 +116,10 @@ def _chunk_logprobs(
     stop: int,
 ) -> tuple[np.ndarray, ...]:
     """Rows [start, stop): logprobs of `looked_up`'s ids, top-k ids and logprobs, the flat
-    explicit ids' logprobs, and the number of logits above the sampled one (when asked)."""
-    chunk = logits[start:stop]
-    x = (chunk if chunk.dtype == torch.float32 else chunk.float()).detach().cpu().numpy()
+    explicit ids' logprobs, and the number of logits above the sampled one (when asked). Each
+    op it skips (a slice of all rows, an empty top-k) is one the worker does not hold the GIL
+    for."""
+    x = _host_fp32(logits if start == 0 and stop >= len(logits) else logits[start:stop])
     stop = start + len(x)
     row_max = x.max(axis=1, keepdims=True)
     # (x - max) - log_sum: adding max and log_sum first would round to the max's ulp.
@@ -132,9 +133,21 @@ def _chunk_logprobs(
         rows = np.repeat(np.arange(len(x)), np.diff(offsets[start : stop + 1]))
         values = _read(x, rows, ids[offsets[start] : offsets[stop]])
         tokens = (values - row_max[rows, 0]) - log_sum[rows, 0]
-    top_ids, top_logits = _top_k(x, top_k)
     ranks = np.count_nonzero(x > raw[:, :1], axis=1) if return_rank else np.empty(0, np.int64)
-    return (raw - row_max) - log_sum, top_ids, (top_logits - row_max) - log_sum, tokens, ranks
+    top_ids, top_logprobs = _top_k(x, top_k)
+    if top_k:
+        top_logprobs -= row_max
+        top_logprobs -= log_sum
+    raw -= row_max
+    raw -= log_sum
+    return raw, top_ids, top_logprobs, tokens, ranks
+
+
+def _host_fp32(logits: torch.Tensor) -> np.ndarray:
+    """The logits as an fp32 host array: a view of CPU fp32 ones, without a torch call."""
+    if logits.dtype != torch.float32 or logits.device.type != "cpu" or logits.requires_grad:
+        logits = logits.detach().to("cpu", torch.float32)
+    return logits.numpy()
 
 
 def _read(x: np.ndarray, rows: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -148,7 +161,7 @@ def _read(x: np.ndarray, rows: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 
 def _top_k(rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k largest logits per row as (int64 ids, fp32 values), ties to the lower id.
+    """The k largest logits per row as (int32 ids, fp32 values), ties to the lower id.
 
     `torch.topk` leaves the order of equal values unspecified, and bf16 logits tie often. It is
     asked for k + 1 values: only rows whose k-th and (k+1)-th values are equal can have chosen
@@ -156,7 +169,7 @@ def _top_k(rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """
     n_rows, n_vocab = rows.shape
     if k == 0:
-        return np.empty((n_rows, 0), np.int64), np.empty((n_rows, 0), np.float32)
+        return np.empty((n_rows, 0), np.int32), np.empty((n_rows, 0), np.float32)
     logits = torch.from_numpy(rows)
     values, ids = torch.topk(logits, min(k + 1, n_vocab), dim=1)
     if values.shape[1] > k:
@@ -168,7 +181,7 @@ def _top_k(rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     # Order the k chosen entries by (value desc, id asc): ids ascending, then a stable sort.
     ids, order = ids.sort(dim=1)
     values, order = values.gather(1, order).sort(dim=1, descending=True, stable=True)
-    return ids.gather(1, order).numpy(), values.numpy()
+    return ids.gather(1, order).to(torch.int32).numpy(), values.numpy()
 
 
 def _ids_with_boundary_ties(logits: torch.Tensor, kth_value: torch.Tensor, k: int) -> torch.Tensor:

@@ -437,14 +437,15 @@ class Engine:
         if constrained and self._bitmask is not None:
             batch.grammar_mask = self._bitmask.fill(constrained)
         sampled = sample(logits, batch)
-        logprobs = self._gather_soon(logits, sampled, rows)
         accepted = []
         for row, (seq, token) in enumerate(zip(rows, sampled.tolist(), strict=True)):
             seq.logits = None
             step = self._advance(seq, token)
             if step is not None:
                 accepted.append(_Sampled(seq, row, token, *step))
-        self._unsent.append((accepted, logprobs))
+        # The gather starts after the stop rules: its worker then takes the GIL beside the
+        # forward's torch calls, not beside this loop's Python (docs/design.md).
+        self._unsent.append((accepted, self._gather_soon(logits, sampled, rows)))
 
     def _gather_soon(
         self, logits: torch.Tensor, sampled: torch.Tensor, rows: list[_Sequence]

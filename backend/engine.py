@@ -584,12 +584,13 @@ class Engine:
         k, m = seq.params.logprobs or 0, len(seq.params.logprob_token_ids)
         if gathered is None or not seq.params.wants_logprobs:
             return _NO_LOGPROBS
-        token_logprobs = gathered.token_logprobs  # [B, Kmax], or [0] without ids
+        # No top-k or no ids: _NO_LOGPROBS's shared empties, which a step's outputs pickle once.
+        none = _NO_LOGPROBS
         return _RowLogprobs(
             sampled=gathered.sampled_logprobs[row : row + 1],
-            top_ids=gathered.top_ids[row, :k].reshape(1, k),
-            top_logprobs=gathered.top_logprobs[row, :k].reshape(1, k),
-            token_logprobs=token_logprobs[row : row + 1, :m] if m else np.zeros((1, 0), np.float32),
+            top_ids=gathered.top_ids[row : row + 1, :k] if k else none.top_ids,
+            top_logprobs=gathered.top_logprobs[row : row + 1, :k] if k else none.top_logprobs,
+            token_logprobs=gathered.token_logprobs[row : row + 1, :m] if m else none.token_logprobs,
         )
 
     def _step_output(

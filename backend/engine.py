@@ -444,7 +444,8 @@ class Engine:
             if step is not None:
                 accepted.append(_Sampled(seq, row, token, *step))
         # The gather starts after the stop rules: its worker then takes the GIL beside the
-        # forward's torch calls, not beside this loop's Python (docs/design.md).
+        # forward's torch calls, not beside this loop's Python (docs/design.md, "Logprobs
+        # beside the next forward").
         self._unsent.append((accepted, self._gather_soon(logits, sampled, rows)))
 
     def _gather_soon(

@@ -209,5 +209,8 @@ class TritonPythonModel:
         return None
 
     def finalize(self) -> None:
+        # In the log, so that a model that never unloads shows whether finalize began
+        # (docs/design.md, "A Triton 2.51 hazard our clients avoid").
+        self.logger.log_info("llm finalize: stopping the engine, then the writer")
         self.engine.stop()  # every request in flight gets its final error in its outbox
         self.writer.stop()  # which the writer sends, with the last stats, before it ends

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from kernels.common import LogprobOutput, empty_output, prepare_inputs
+from kernels.common import LogprobOutput, prepare_inputs
 
 _CHUNK_ELEMENTS = 1 << 19
 """Logits handled at a time (a whole number of rows, at least one): 2 MiB in fp32, a decode step
@@ -38,8 +38,6 @@ def gather_logprobs_torch(
     """`kernels.gather_logprobs` on the host (`gather_logprobs_host`); valid on any device,
     whose logits it copies to the host a chunk at a time, and whose results it copies back."""
     inputs = prepare_inputs(logits, sampled_ids, top_k, token_ids, row_offsets, return_rank)
-    if logits.shape[0] == 0:
-        return empty_output(inputs)
     ids = offsets = None
     if inputs.token_ids is not None:
         ids = inputs.token_ids.cpu().numpy()

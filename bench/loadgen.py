@@ -129,20 +129,25 @@ class TritonTarget:
     One gRPC stream per request, as a client serving independent users would open. With
     `logprob_token_ids` every request also asks for those ids' logprobs at every position
     (and LOGPROBS=0, the sampled token's), and the first response is checked to carry them.
+    `logprobs` sends LOGPROBS on its own (0: only the sampled token's logprob).
     """
 
     def __init__(
-        self, url: str, model: str = "llm", logprob_token_ids: Sequence[int] = (), name: str = ""
+        self,
+        url: str,
+        model: str = "llm",
+        logprob_token_ids: Sequence[int] = (),
+        name: str = "",
+        logprobs: int | None = None,
     ) -> None:
         self.name = name or f"triton-grpc:{model}"
         self._model = model
         self._url = url
         self._explicit = np.array(logprob_token_ids, dtype=np.int32)
+        self._logprobs = 0 if self._explicit.size and logprobs is None else logprobs
         # What the adapter asks for with and without logprobs: the model builds only these.
         self._outputs = contract.requested_outputs(
-            logprobs=0 if self._explicit.size else None,
-            token_ids=bool(self._explicit.size),
-            prompt_logprobs=False,
+            logprobs=self._logprobs, token_ids=bool(self._explicit.size), prompt_logprobs=False
         )
         self._client: grpcclient_aio.InferenceServerClient | None = None
 
@@ -164,8 +169,9 @@ class TritonTarget:
             _tensor(contract.TEMPERATURE, np.array([0.0], dtype=np.float32)),
             _tensor(contract.IGNORE_EOS, np.array([True])),
         ]
+        if self._logprobs is not None:
+            inputs.append(_tensor(contract.LOGPROBS, np.array([self._logprobs], dtype=np.int32)))
         if self._explicit.size:
-            inputs.append(_tensor(contract.LOGPROBS, np.array([0], dtype=np.int32)))
             inputs.append(_tensor(contract.LOGPROB_TOKEN_IDS, self._explicit))
         return inputs
 
@@ -185,7 +191,7 @@ class TritonTarget:
             await finished.wait()
 
         call = self.client.stream_infer(requests())
-        tokens, checked, completed = 0, not self._explicit.size, False
+        tokens, checked, completed = 0, self._logprobs is None, False
         try:
             async for result, error in call:
                 if error is not None:
@@ -195,9 +201,7 @@ class TritonTarget:
                     first_token()
                 tokens += new
                 if new and not checked:
-                    shape = list(result.get_output(contract.LOGPROB_TOKEN_LOGPROBS).shape)
-                    if shape != [new, self._explicit.size]:
-                        raise RuntimeError(f"{contract.LOGPROB_TOKEN_LOGPROBS} has shape {shape}")
+                    self._check_logprobs(result, new)
                     checked = True
                 if result.get_response().parameters["triton_final_response"].bool_param:
                     completed = True
@@ -212,6 +216,16 @@ class TritonTarget:
             finished.set()
             if not completed:  # after an error or a timeout Triton stops generating for it
                 call.cancel()  # never after the final: docs/design.md, "Streaming responses"
+
+    def _check_logprobs(self, result: Any, new: int) -> None:
+        """The response's logprob tensors have the shapes asked for."""
+        expected = {contract.OUTPUT_LOGPROBS: [new]}
+        if self._explicit.size:
+            expected[contract.LOGPROB_TOKEN_LOGPROBS] = [new, self._explicit.size]
+        for name, shape in expected.items():
+            got = list(result.get_output(name).shape)
+            if got != shape:
+                raise RuntimeError(f"{name} has shape {got}, not {shape}")
 
     async def aclose(self) -> None:
         if self._client is not None:

@@ -60,6 +60,9 @@ ENGINE = "ours: engine alone"
 ENGINE_EXPLICIT = f"ours: engine alone + {EXPLICIT_IDS} ids"
 GRPC = "ours: Triton gRPC (llm)"
 GRPC_EXPLICIT = f"ours: Triton gRPC + {EXPLICIT_IDS} ids"
+GRPC_LOGPROBS = "ours: Triton gRPC + LOGPROBS=0"
+"""The sampled token's logprob only: the log-normaliser over the vocabulary that every logprob
+needs, without the ids. It splits the ids' goal into what any logprob costs and what they add."""
 ADAPTER = "ours: adapter completions"
 ADAPTER_CHAT = "ours: adapter chat"
 PEER = "transformers serve"
@@ -338,6 +341,9 @@ def scenarios(
                     c,
                     lambda: TritonTarget(grpc_url, logprob_token_ids=ids, name=GRPC_EXPLICIT),
                 ),
+                Scenario(
+                    GRPC_LOGPROBS, c, lambda: TritonTarget(grpc_url, logprobs=0, name=GRPC_LOGPROBS)
+                ),
             ]
         for is_chat in endpoints:
             name = ADAPTER_CHAT if is_chat else ADAPTER
@@ -427,7 +433,8 @@ class Ratio:
     what: str
     value: float
     at_least: bool
-    goal: float
+    goal: float | None
+    """None: no goal of its own (a split of one that has)."""
     noisy: bool
     low: float = float("nan")
     high: float = float("nan")
@@ -435,23 +442,34 @@ class Ratio:
 
     @classmethod
     def of(
-        cls, what: str, num: float, den: float, at_least: bool, goal: float, *runs: Summary
+        cls,
+        what: str,
+        num: float,
+        den: float,
+        at_least: bool,
+        goal: float | None,
+        *runs: Summary,
     ) -> Ratio:
         return cls(what, num / den, at_least, goal, any(r.others_cpu > NOISY for r in runs))
 
     @property
-    def met(self) -> bool:
+    def met(self) -> bool | None:
+        if self.goal is None:
+            return None
         return self.value >= self.goal if self.at_least else self.value <= self.goal
 
     def line(self) -> str:
-        verdict = "met" if self.met else "MISSED"
+        if self.goal is None:
+            verdict = "no goal of its own"
+        else:
+            sign = ">=" if self.at_least else "<="
+            verdict = f"goal {sign} {self.goal:g}: {'met' if self.met else 'MISSED'}"
         if self.noisy:
             verdict += "; not conclusive, measured while other processes used the CPUs"
-        goal = f"{'>=' if self.at_least else '<='} {self.goal:g}"
         spread = ""
         if self.rounds > 1:
             spread = f"median of {self.rounds} rounds, {self.low:.2f}-{self.high:.2f}; "
-        return f"- {self.what}: **{self.value:.2f}x** ({spread}goal {goal}: {verdict})"
+        return f"- {self.what}: **{self.value:.2f}x** ({spread}{verdict})"
 
 
 def combine(per_round: Sequence[Sequence[Ratio]]) -> list[Ratio]:
@@ -513,6 +531,13 @@ def ratios(plan: Plan, summaries: Sequence[Summary]) -> list[Ratio]:
     if explicit and grpc:
         what = f"{EXPLICIT_IDS} explicit ids / none, TPOT p50, C={c}"
         out.append(Ratio.of(what, explicit.tpot_p50, grpc.tpot_p50, False, 1.1, explicit, grpc))
+    sampled = by_name.get((GRPC_LOGPROBS, c))
+    if sampled and grpc and explicit:  # the goal above, split: the normaliser, then the ids
+        what = f"LOGPROBS=0 / none, TPOT p50, C={c}"
+        out.append(Ratio.of(what, sampled.tpot_p50, grpc.tpot_p50, False, None, sampled, grpc))
+        what = f"{EXPLICIT_IDS} explicit ids / LOGPROBS=0, TPOT p50, C={c}"
+        runs = (explicit, sampled)
+        out.append(Ratio.of(what, explicit.tpot_p50, sampled.tpot_p50, False, None, *runs))
     engine, engine_explicit = by_name.get((ENGINE, c)), by_name.get((ENGINE_EXPLICIT, c))
     if engine and engine_explicit:  # the same goal: what the engine alone leaves of it
         what = f"engine alone: {EXPLICIT_IDS} explicit ids / none, TPOT p50, C={c}"

@@ -17,6 +17,8 @@ from bench.run import (
     ENGINE,
     ENGINE_EXPLICIT,
     GRPC,
+    GRPC_EXPLICIT,
+    GRPC_LOGPROBS,
     PEER,
     Plan,
     goal_ratios,
@@ -75,6 +77,27 @@ def test_ratios_divide_the_right_runs_against_the_goals() -> None:
     assert math.isclose(found[f"{best}, TTFT p50"][0], 2.0) and not found[f"{best}, TTFT p50"][1]
     assert found["adapter / gRPC output tok/s, C=16"] == (0.95, True)
     assert found["engine alone: 1024 explicit ids / none, TPOT p50, C=16"] == (1.25, False)
+
+
+def test_the_ids_goal_is_split_into_the_normaliser_and_the_ids() -> None:
+    """LOGPROBS=0 / none and ids / LOGPROBS=0 multiply to the goal's ids / none, and have no
+    goal of their own."""
+    plan = Plan((16,), 54, 9, (32,), 0.0, 1)
+    summaries = [
+        _run(GRPC, 16, 1000, 0.05),
+        replace(_run(GRPC_LOGPROBS, 16, 900, 0.05), tpot_p50=ZERO.tpot_p50 * 1.5),
+        replace(_run(GRPC_EXPLICIT, 16, 800, 0.05), tpot_p50=ZERO.tpot_p50 * 1.8),
+    ]
+    found = {r.what: r for r in ratios(plan, summaries)}
+    goal = found["1024 explicit ids / none, TPOT p50, C=16"]
+    normaliser = found["LOGPROBS=0 / none, TPOT p50, C=16"]
+    ids = found["1024 explicit ids / LOGPROBS=0, TPOT p50, C=16"]
+    assert math.isclose(goal.value, 1.8) and goal.met is False
+    assert math.isclose(normaliser.value, 1.5) and math.isclose(ids.value, 1.2)
+    assert normaliser.met is None and ids.met is None
+    assert ids.line() == (
+        "- 1024 explicit ids / LOGPROBS=0, TPOT p50, C=16: **1.20x** (no goal of its own)"
+    )
 
 
 def test_rounds_report_the_median_ratio_and_keep_one_peer_mode() -> None:

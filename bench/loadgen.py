@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 PROMPT_LENGTHS = (16, 64, 128)
 OUTPUT_LENGTHS = (32, 64, 128)
+EXPLICIT_ID_COUNT = 1024
+"""How many explicit ids the explicit-ids rows ask for, per request."""
 # Made-up words for prompts: text the generated tokenizer splits into ordinary tokens, far from
 # the memorised passage, so a greedy model rarely produces EOS after it.
 _SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
@@ -90,6 +92,13 @@ def make_workload(
         text = _prompt(tokenizer, prompt_length, rng)
         specs.append(RequestSpec(tuple(tokenizer.encode(text)), text, max_tokens))
     return specs
+
+
+def explicit_ids(vocab_size: int, count: int = EXPLICIT_ID_COUNT) -> list[int]:
+    """`count` distinct ids spread over the whole vocabulary: the labels a request of the
+    explicit-ids rows asks logprobs for."""
+    step = max(vocab_size // count, 1)
+    return list(range(0, step * count, step))[:count]
 
 
 FirstToken = Callable[[], None]

@@ -29,8 +29,7 @@ from backend import default_model
 from backend.engine_process import engine_of
 from backend.repository import write_repository
 from backend.tritonserver import TritonServer
-from bench.loadgen import TritonTarget, make_workload, run_load
-from bench.run import explicit_ids
+from bench.loadgen import TritonTarget, explicit_ids, make_workload, run_load
 
 
 def summarise(raw: Path, top: int) -> str:

@@ -41,6 +41,7 @@ from backend.tritonserver import TritonServer
 from bench.engine_alone import EngineTarget
 from bench.environment import OthersCpu, describe_machine, wait_until_quiet
 from bench.loadgen import (
+    EXPLICIT_ID_COUNT,
     OUTPUT_LENGTHS,
     PROMPT_LENGTHS,
     OpenAITarget,
@@ -48,6 +49,7 @@ from bench.loadgen import (
     Summary,
     Target,
     TritonTarget,
+    explicit_ids,
     make_workload,
     run_load,
 )
@@ -55,11 +57,10 @@ from bench.plot import plot
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 REPO_ROOT = Path(__file__).resolve().parent.parent
-EXPLICIT_IDS = 1024
 ENGINE = "ours: engine alone"
-ENGINE_EXPLICIT = f"ours: engine alone + {EXPLICIT_IDS} ids"
+ENGINE_EXPLICIT = f"ours: engine alone + {EXPLICIT_ID_COUNT} ids"
 GRPC = "ours: Triton gRPC (llm)"
-GRPC_EXPLICIT = f"ours: Triton gRPC + {EXPLICIT_IDS} ids"
+GRPC_EXPLICIT = f"ours: Triton gRPC + {EXPLICIT_ID_COUNT} ids"
 GRPC_LOGPROBS = "ours: Triton gRPC + LOGPROBS=0"
 """The sampled token's logprob only: the log-normaliser over the vocabulary that every logprob
 needs, without the ids. It splits the ids' goal into what any logprob costs and what they add."""
@@ -282,12 +283,6 @@ def run_rounds(
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
-
-
-def explicit_ids(vocab_size: int, count: int = EXPLICIT_IDS) -> list[int]:
-    """`count` distinct ids spread over the whole vocabulary."""
-    step = max(vocab_size // count, 1)
-    return list(range(0, step * count, step))[:count]
 
 
 def adapter_target(base_url: str, chat: bool, concurrency: int) -> OpenAITarget:
@@ -529,18 +524,18 @@ def ratios(plan: Plan, summaries: Sequence[Summary]) -> list[Ratio]:
         what = f"adapter / gRPC output tok/s, C={c}"
         out.append(Ratio.of(what, throughput(adapter), throughput(grpc), True, 0.9, adapter, grpc))
     if explicit and grpc:
-        what = f"{EXPLICIT_IDS} explicit ids / none, TPOT p50, C={c}"
+        what = f"{EXPLICIT_ID_COUNT} explicit ids / none, TPOT p50, C={c}"
         out.append(Ratio.of(what, explicit.tpot_p50, grpc.tpot_p50, False, 1.1, explicit, grpc))
     sampled = by_name.get((GRPC_LOGPROBS, c))
     if sampled and grpc and explicit:  # the goal above, split: the normaliser, then the ids
         what = f"LOGPROBS=0 / none, TPOT p50, C={c}"
         out.append(Ratio.of(what, sampled.tpot_p50, grpc.tpot_p50, False, None, sampled, grpc))
-        what = f"{EXPLICIT_IDS} explicit ids / LOGPROBS=0, TPOT p50, C={c}"
+        what = f"{EXPLICIT_ID_COUNT} explicit ids / LOGPROBS=0, TPOT p50, C={c}"
         runs = (explicit, sampled)
         out.append(Ratio.of(what, explicit.tpot_p50, sampled.tpot_p50, False, None, *runs))
     engine, engine_explicit = by_name.get((ENGINE, c)), by_name.get((ENGINE_EXPLICIT, c))
     if engine and engine_explicit:  # the same goal: what the engine alone leaves of it
-        what = f"engine alone: {EXPLICIT_IDS} explicit ids / none, TPOT p50, C={c}"
+        what = f"engine alone: {EXPLICIT_ID_COUNT} explicit ids / none, TPOT p50, C={c}"
         runs = (engine_explicit, engine)
         out.append(Ratio.of(what, engine_explicit.tpot_p50, engine.tpot_p50, False, 1.1, *runs))
     return out

@@ -13,7 +13,9 @@ limit, so a hung CUDA call costs only its stage and a failing stage does not sto
 4. engine: greedy == `generate`, logprobs vs float64, concurrent == alone (bench/engine_check.py),
    in bf16 and fp32;
 5. throughput: the engine alone (a sink that only counts) at 1, 16 and 64 sequences, with the
-   device time per decode step.
+   device time per decode step; then 16 sequences asking 1024 explicit ids' logprobs each, and
+   their TPOT over the 16 without (the explicit-ids goal, docs/design.md, "The prepared GPU
+   check").
 
 Each stage prints one summary line; `--out` receives `<stage>.log` (its whole output) and
 `results.json` (every stage's status, time and figures), rewritten after each stage. The exit
@@ -36,10 +38,15 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the stages import their packages in their own processes
+    from bench.engine_alone import EngineTarget
+    from bench.loadgen import RequestSpec, Summary
 
 REPO = Path(__file__).resolve().parent.parent
 THROUGHPUT_CONCURRENCY = (1, 16, 64)
+EXPLICIT_ID_CONCURRENCY = 16  # where the explicit-ids goal is set
 # B=64, V=128256, bf16 on an H200: the kernel issue's goal.
 GOAL_SHAPE = ("bf16", 64, 128256)
 GOAL_COPY_FRACTION = 0.8
@@ -191,9 +198,23 @@ class _DecodeTimer:
         return [start.elapsed_time(end) for start, end in marks]
 
 
+def _load(
+    target: EngineTarget, timer: _DecodeTimer, specs: list[RequestSpec]
+) -> tuple[Summary, float]:
+    """`specs` at len(specs) // 2 concurrent sequences: the load's summary and the median decode
+    step in ms; an error or a missing token fails the stage."""
+    from bench.loadgen import Summary, run_load
+
+    concurrency = len(specs) // 2
+    summary = Summary.from_load(asyncio.run(run_load(target, specs, concurrency)))
+    if summary.errors or summary.output_tokens != summary.expected_tokens:
+        raise RuntimeError(f"C={concurrency}: {summary.first_error or 'tokens missing'}")
+    return summary, statistics.median(timer.take_ms())
+
+
 def throughput(args: argparse.Namespace) -> Result:
     from bench.engine_alone import EngineTarget
-    from bench.loadgen import Summary, make_workload, run_load
+    from bench.loadgen import explicit_ids, make_workload, run_load
     from tests.reference import tokenizer
 
     model_dir = _model(args)
@@ -209,16 +230,21 @@ def throughput(args: argparse.Namespace) -> Result:
         asyncio.run(run_load(target, make_workload(tok, 4, **lengths), 4))  # warm-up
         timer.take_ms()
         for concurrency in THROUGHPUT_CONCURRENCY:
-            specs = make_workload(tok, 2 * concurrency, **lengths)
-            summary = Summary.from_load(asyncio.run(run_load(target, specs, concurrency)))
-            step_ms = statistics.median(timer.take_ms())
+            summary, step_ms = _load(target, timer, make_workload(tok, 2 * concurrency, **lengths))
             result[f"C={concurrency}"] = {**asdict(summary), "decode_step_ms": step_ms}
             parts.append(
                 f"C={concurrency}: {summary.output_tokens_per_s:.0f} tok/s, "
                 f"decode step {step_ms:.2f} ms"
             )
-            if summary.errors or summary.output_tokens != summary.expected_tokens:
-                raise RuntimeError(f"C={concurrency}: {summary.first_error or 'tokens missing'}")
+        concurrency = EXPLICIT_ID_CONCURRENCY
+        ids = explicit_ids(target.runner.vocab_size)
+        target.logprob_token_ids = ids
+        summary, step_ms = _load(target, timer, make_workload(tok, 2 * concurrency, **lengths))
+        name = f"C={concurrency} + {len(ids)} ids"
+        result[name] = {**asdict(summary), "decode_step_ms": step_ms}
+        ratio = summary.tpot_p50 / result[f"C={concurrency}"]["tpot_p50"]
+        result["explicit_ids_tpot_ratio"] = ratio
+        parts.append(f"{name}: {ratio:.2f}x TPOT")
     finally:
         target.stop()
     clock = "CUDA events" if target.runner.device.type == "cuda" else "wall"

@@ -91,10 +91,14 @@ def test_the_cpu_dry_run_passes_every_stage(packages: str, tmp_path: Path) -> No
     assert results["engine"]["float32"]["greedy"]["near_tie_mismatches"] == 0
     logprobs = results["engine"]["float32"]["logprobs"]
     assert max(logprobs[f"worst_{k}"] for k in ("sampled", "top_k", "explicit")) <= 1e-4
-    for concurrency in (1, 16, 64):
-        load = results["throughput"][f"C={concurrency}"]
+    for name in ("C=1", "C=16", "C=64", "C=16 + 1024 ids"):
+        load = results["throughput"][name]
         assert load["errors"] == 0 and load["output_tokens"] == load["expected_tokens"] > 0
         assert load["decode_step_ms"] > 0
+    with_ids, without = (results["throughput"][name] for name in ("C=16 + 1024 ids", "C=16"))
+    assert results["throughput"]["explicit_ids_tpot_ratio"] == (
+        with_ids["tpot_p50"] / without["tpot_p50"]
+    )
 
 
 def test_a_stage_past_its_limit_is_killed_and_reported(tmp_path: Path) -> None:

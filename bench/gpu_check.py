@@ -199,13 +199,12 @@ class _DecodeTimer:
 
 
 def _load(
-    target: EngineTarget, timer: _DecodeTimer, specs: list[RequestSpec]
+    target: EngineTarget, timer: _DecodeTimer, specs: list[RequestSpec], concurrency: int
 ) -> tuple[Summary, float]:
-    """`specs` at len(specs) // 2 concurrent sequences: the load's summary and the median decode
-    step in ms; an error or a missing token fails the stage."""
+    """`specs` at `concurrency` sequences: the load's summary and the median decode step in ms;
+    an error or a missing token fails the stage."""
     from bench.loadgen import Summary, run_load
 
-    concurrency = len(specs) // 2
     summary = Summary.from_load(asyncio.run(run_load(target, specs, concurrency)))
     if summary.errors or summary.output_tokens != summary.expected_tokens:
         raise RuntimeError(f"C={concurrency}: {summary.first_error or 'tokens missing'}")
@@ -230,7 +229,8 @@ def throughput(args: argparse.Namespace) -> Result:
         asyncio.run(run_load(target, make_workload(tok, 4, **lengths), 4))  # warm-up
         timer.take_ms()
         for concurrency in THROUGHPUT_CONCURRENCY:
-            summary, step_ms = _load(target, timer, make_workload(tok, 2 * concurrency, **lengths))
+            specs = make_workload(tok, 2 * concurrency, **lengths)
+            summary, step_ms = _load(target, timer, specs, concurrency)
             result[f"C={concurrency}"] = {**asdict(summary), "decode_step_ms": step_ms}
             parts.append(
                 f"C={concurrency}: {summary.output_tokens_per_s:.0f} tok/s, "
@@ -239,7 +239,8 @@ def throughput(args: argparse.Namespace) -> Result:
         concurrency = EXPLICIT_ID_CONCURRENCY
         ids = explicit_ids(target.runner.vocab_size)
         target.logprob_token_ids = ids
-        summary, step_ms = _load(target, timer, make_workload(tok, 2 * concurrency, **lengths))
+        specs = make_workload(tok, 2 * concurrency, **lengths)
+        summary, step_ms = _load(target, timer, specs, concurrency)
         name = f"C={concurrency} + {len(ids)} ids"
         result[name] = {**asdict(summary), "decode_step_ms": step_ms}
         ratio = summary.tpot_p50 / result[f"C={concurrency}"]["tpot_p50"]

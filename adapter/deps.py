@@ -1,4 +1,8 @@
-"""FastAPI dependencies: the objects the lifespan put on `app.state`."""
+"""FastAPI dependencies: the objects the lifespan put on `app.state`.
+
+Each is `async def`: FastAPI runs a plain `def` dependency in its thread pool, a hop to a worker
+thread and back for every request.
+"""
 
 from __future__ import annotations
 
@@ -14,27 +18,27 @@ from adapter.scoring.serving import OpenAIServingGenerativeScoring
 from adapter.tokenize.serving import OpenAIServingTokenization
 
 
-def get_engine_client(request: Request) -> EngineClient:
+async def get_engine_client(request: Request) -> EngineClient:
     return request.app.state.engine
 
 
-def get_models(request: Request) -> OpenAIServingModels:
+async def get_models(request: Request) -> OpenAIServingModels:
     return request.app.state.models
 
 
-def get_completion_serving(request: Request) -> OpenAIServingCompletion:
+async def get_completion_serving(request: Request) -> OpenAIServingCompletion:
     return request.app.state.completion_serving
 
 
-def get_chat_serving(request: Request) -> OpenAIServingChat:
+async def get_chat_serving(request: Request) -> OpenAIServingChat:
     return request.app.state.chat_serving
 
 
-def get_tokenization_serving(request: Request) -> OpenAIServingTokenization:
+async def get_tokenization_serving(request: Request) -> OpenAIServingTokenization:
     return request.app.state.tokenization_serving
 
 
-def get_scoring_serving(request: Request) -> OpenAIServingGenerativeScoring:
+async def get_scoring_serving(request: Request) -> OpenAIServingGenerativeScoring:
     return request.app.state.scoring_serving
 
 

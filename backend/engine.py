@@ -126,6 +126,15 @@ class _Sampled(NamedTuple):
     reason: str | None
 
 
+class _Gather(NamedTuple):
+    """One step's logprob gather, waiting for the worker (`Engine._start_gathers`)."""
+
+    done: Future[HostLogprobs | None]
+    logits: torch.Tensor
+    sampled: torch.Tensor
+    rows: list[_Sequence]
+
+
 class _RowLogprobs(NamedTuple):
     """One sequence's logprobs at one step: [1], [1, k], [1, k], [1, M]."""
 
@@ -193,8 +202,8 @@ class Engine:
         # step's batch while membership is unchanged, instead of re-stacking the rows.
         self._decoded: tuple[torch.Tensor, list[_Sequence]] | None = None
         # Each step's logprobs are gathered on this thread while the engine thread runs the next
-        # forward (CPU only: CUDA queues both anyway); the outputs go once both are done
-        # (docs/design.md, "Logprobs beside the next forward").
+        # forward's lm_head (CPU only: CUDA queues both anyway); the outputs go once both are
+        # done (docs/design.md, "Logprobs beside the next forward").
         self._logprob_worker = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-logprobs")
             if runner.device.type == "cpu"
@@ -202,6 +211,8 @@ class Engine:
         )
         self._unsent: list[tuple[list[_Sampled], Future[HostLogprobs | None]]] = []
         """Sampled tokens whose outputs go at the end of the iteration, with their logprobs."""
+        self._to_gather: list[_Gather] = []
+        """Gathers for the worker that wait for the next forward's lm_head (`_start_gathers`)."""
         self._running = False
         self._thread: threading.Thread | None = None
 
@@ -287,6 +298,7 @@ class Engine:
                 logger.exception("engine iteration failed")
                 unsent = {id(s.seq): s.seq for sampled, _ in self._unsent for s in sampled}
                 self._unsent.clear()
+                self._to_gather.clear()
                 for seq in {**unsent, **{id(seq): seq for seq in self._active}}.values():
                     seq.sink.send_error(f"internal error: {exc}")
                 self._active.clear()
@@ -422,6 +434,7 @@ class Engine:
             new_logits = self.runner.decode(
                 [seq.last_token for seq in self._active],
                 [seq.cached_len for seq in self._active],
+                before_lm_head=self._start_gathers,
             )
             for seq, row_logits in zip(self._active, new_logits, strict=True):
                 seq.logits = row_logits
@@ -443,23 +456,43 @@ class Engine:
             step = self._advance(seq, token)
             if step is not None:
                 accepted.append(_Sampled(seq, row, token, *step))
-        # The gather starts after the stop rules: its worker then takes the GIL beside the
-        # forward's torch calls, not beside this loop's Python (docs/design.md, "Logprobs
-        # beside the next forward").
+        # On CPU the gather starts when the next forward reaches its lm_head (`_start_gathers`):
+        # its worker then takes the GIL beside one long matmul, not beside this loop's Python
+        # or the layers' torch calls (docs/design.md, "Logprobs beside the next forward").
         self._unsent.append((accepted, self._gather_soon(logits, sampled, rows)))
 
     def _gather_soon(
         self, logits: torch.Tensor, sampled: torch.Tensor, rows: list[_Sequence]
     ) -> Future[HostLogprobs | None]:
-        """`_gather` on the logprob worker (CPU), else done now."""
-        if self._logprob_worker is not None and any(s.params.wants_logprobs for s in rows):
-            return self._logprob_worker.submit(self._gather, logits, sampled, rows)
+        """`_gather`'s result: on CPU from the logprob worker, once `_start_gathers` has handed
+        it over; else done now."""
         done: Future[HostLogprobs | None] = Future()
-        done.set_result(self._gather(logits, sampled, rows))
+        if self._logprob_worker is not None and any(s.params.wants_logprobs for s in rows):
+            self._to_gather.append(_Gather(done, logits, sampled, rows))
+        else:
+            done.set_result(self._gather(logits, sampled, rows))
         return done
+
+    def _start_gathers(self) -> None:
+        """Hands the waiting gathers to the logprob worker. The next forward calls this right
+        before its lm_head, one matmul that holds no GIL, so that the worker's numpy calls do
+        not make the layers' many short torch calls wait for the GIL (docs/design.md, "Logprobs
+        beside the next forward"); `_send_sampled` calls it before it waits for them."""
+        for gather in self._to_gather:
+            assert self._logprob_worker is not None
+            self._logprob_worker.submit(self._gather_into, gather)
+        self._to_gather.clear()
+
+    def _gather_into(self, gather: _Gather) -> None:
+        """The logprob worker's task: `_gather`, its result or error into the step's future."""
+        try:
+            gather.done.set_result(self._gather(gather.logits, gather.sampled, gather.rows))
+        except BaseException as exc:
+            gather.done.set_exception(exc)
 
     def _send_sampled(self) -> None:
         """The outputs of the tokens sampled in this iteration, in order, with their logprobs."""
+        self._start_gathers()  # those no forward started: no row left, or a first token
         for accepted, logprobs in self._unsent:
             gathered = logprobs.result()
             for s in accepted:

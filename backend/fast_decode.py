@@ -114,9 +114,14 @@ class FastDecoder:
 
     @torch.inference_mode()
     def __call__(
-        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        before_lm_head: Callable[[], None] | None = None,
     ) -> torch.Tensor:
-        """Decode: `tokens`, `positions`: [B]; `mask`: additive [B, 1, 1, L]. Logits [B, V]."""
+        """Decode: `tokens`, `positions`: [B]; `mask`: additive [B, 1, 1, L]. Logits [B, V].
+        `before_lm_head` runs after the layers, before the final norm and the lm_head."""
         batch = tokens.shape[0]
         groups = self._heads // self._kv_heads
 
@@ -128,6 +133,8 @@ class FastDecoder:
             return out.reshape(batch, 1, -1)
 
         hidden = self._layers_forward(tokens.unsqueeze(1), positions.unsqueeze(1), attend)
+        if before_lm_head is not None:
+            before_lm_head()
         return self._logits(hidden[:, 0])
 
     @torch.inference_mode()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -138,9 +139,16 @@ class ModelRunner:
         return out.logits[0]
 
     @torch.inference_mode()
-    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+    def decode(
+        self,
+        tokens: list[int],
+        positions: list[int],
+        before_lm_head: Callable[[], None] | None = None,
+    ) -> torch.Tensor:
         """One batched forward: row b (slot b) appends `tokens[b]` at `positions[b]`.
-        Returns logits [B, V] for each row's next token."""
+        Returns logits [B, V] for each row's next token. `before_lm_head` runs once, as late
+        in the forward as the model lets it: right before the lm_head with `fast_decode`, else
+        before the forward."""
         pos = torch.tensor(positions, device=self.device)
         kv_len = max(positions) + 1
         visible = torch.arange(kv_len, device=self.device).unsqueeze(0) <= pos.unsqueeze(1)
@@ -149,7 +157,9 @@ class ModelRunner:
         self.cache.plan_decode(pos, kv_len)
         ids = torch.tensor(tokens, device=self.device)
         if self._fast is not None:
-            return self._fast(ids, pos, mask)
+            return self._fast(ids, pos, mask, before_lm_head)
+        if before_lm_head is not None:
+            before_lm_head()
         out = self.model(
             input_ids=ids.unsqueeze(1),
             position_ids=pos.unsqueeze(1),

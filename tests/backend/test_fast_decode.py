@@ -132,3 +132,36 @@ def test_cpu_lm_head_is_column_major_with_the_same_logits(
     assert (got - want[:-1]).abs().max().item() <= 1e-5
     got_next = runner.decode([prompt[-1]], [len(prompt) - 1])
     assert (got_next[0] - want[-1]).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("fast_decode", [True, False])
+def test_before_lm_head_runs_once_late_in_the_forward(
+    fast_decode: bool, model_dir: Path, tmp_path: Path
+) -> None:
+    """`decode`'s hook (the engine starts its logprob gathers there): once per decode, after the
+    layers and before the lm_head with `fast_decode`, before the forward otherwise; the logits
+    are those of a decode without it."""
+    path = str(_save(FAMILIES["llama"], model_dir, tmp_path / "m"))
+    hooked, plain = (
+        ModelRunner(path, device="cpu", max_num_seqs=2, max_model_len=64, fast_decode=fast_decode)
+        for _ in range(2)
+    )
+    events: list[str] = []
+    if fast_decode:
+        assert hooked._fast is not None
+        lm_head = hooked._fast._logits
+
+        def logits(hidden: torch.Tensor) -> torch.Tensor:
+            events.append("lm_head")
+            return lm_head(hidden)
+
+        hooked._fast._logits = logits  # type: ignore[method-assign]
+    prompts = [list(range(1, 9)), list(range(30, 34))]
+    _run(hooked, prompts, 0)
+    _run(plain, prompts, 0)
+    positions = [len(p) for p in prompts]
+    events.clear()  # the prefills' lm_head
+    got = hooked.decode([5, 6], positions, before_lm_head=lambda: events.append("hook"))
+    want = plain.decode([5, 6], positions)
+    assert events == (["hook", "lm_head"] if fast_decode else ["hook"])
+    assert torch.equal(got, want)

@@ -175,15 +175,20 @@ class _DecodeTimer:
         self._marks: list[Any] = []
         runner.decode = self
 
-    def __call__(self, tokens: list[int], positions: list[int]) -> Any:
+    def __call__(
+        self,
+        tokens: list[int],
+        positions: list[int],
+        before_lm_head: Callable[[], None] | None = None,
+    ) -> Any:
         if not self._cuda:
             began = time.perf_counter()
-            logits = self._decode(tokens, positions)
+            logits = self._decode(tokens, positions, before_lm_head)
             self._marks.append(time.perf_counter() - began)
             return logits
         start, end = self._event(enable_timing=True), self._event(enable_timing=True)
         start.record()
-        logits = self._decode(tokens, positions)
+        logits = self._decode(tokens, positions, before_lm_head)
         end.record()
         self._marks.append((start, end))
         return logits

@@ -9,13 +9,17 @@ from pathlib import Path
 
 from backend.processes import ChildProcess, free_port
 
+NICE = 10
+"""The adapter's default niceness beside the engine (docs/design.md, "The adapter's CPU
+priority")."""
+
 
 class AdapterServer(ChildProcess):
     """uvicorn serving the adapter; ready when its /health/ready says Triton is ready too.
 
     `api_key` reaches the adapter as ADAPTER_API_KEY in its environment, not as a flag, so it
     does not show in the process list; `options` are other adapter flags (`max_n=2` becomes
-    `--max-n 2`).
+    `--max-n 2`). It runs at niceness `nice`: on few CPUs, the engine's step comes first.
     """
 
     name = "adapter"
@@ -32,8 +36,9 @@ class AdapterServer(ChildProcess):
         log_path: Path | None = None,
         api_key: str | None = None,
         options: Mapping[str, object] | None = None,
+        nice: int = NICE,
     ) -> None:
-        super().__init__(log_path)
+        super().__init__(log_path, nice)
         self.triton_url = triton_url
         self.host = host
         self.port = port or free_port()

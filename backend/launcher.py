@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from backend import default_model
+from backend import adapter_server, default_model
 from backend.adapter_server import AdapterServer
 from backend.processes import ChildProcess
 from backend.repository import known_parameters, write_repository
@@ -65,6 +65,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add("--adapter-host", default="0.0.0.0", help="address the OpenAI adapter binds")
     add("--adapter-port", type=int, default=9000, help="0 = do not start the adapter")
+    add(
+        "--adapter-nice",
+        type=int,
+        default=adapter_server.NICE,
+        help="the adapter's niceness: above 0 it yields the CPUs to the engine when they are "
+        "short (0: the same priority)",
+    )
     add(
         "--served-model-name",
         default=None,
@@ -127,6 +134,7 @@ def build_adapter(args: argparse.Namespace, server: TritonServer) -> AdapterServ
         served_model_name=args.served_model_name,
         log_path=args.run_dir / "adapter.log",
         api_key=args.api_key,
+        nice=args.adapter_nice,
     )
 
 

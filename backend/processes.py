@@ -1,6 +1,9 @@
 """A child server process: started in its own session, ready when an HTTP URL answers 200,
 stopped with a signal and then, whatever is left of its process group, killed; restartable, and
-able to say why it can no longer serve (`fault`), which `backend.supervisor` watches."""
+able to say why it can no longer serve (`fault`), which `backend.supervisor` watches.
+
+A child may run at a lower CPU priority (`nice`), so that it yields the CPUs to the engine when
+they are short (docs/design.md, "The adapter's CPU priority")."""
 
 from __future__ import annotations
 
@@ -28,14 +31,38 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def lower_priority(pid: int, nice: int) -> None:
+    """Sets the niceness of `pid`, a session leader just started, and of its session's
+    autogroup.
+
+    Linux schedules the tasks of a session as one group (autogroup) where the process's cgroup
+    is the root one, as on a bare machine: groups share the CPUs as equals, whatever their
+    tasks' niceness, so the group's own niceness is what yields to other sessions. Elsewhere
+    (a container, a systemd unit) the threads' niceness is what counts: `pid` has no thread
+    but its first yet (Popen returns once it has exec'd), and the threads it starts inherit.
+    Best effort: a priority is no reason not to serve.
+    """
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+        autogroup = Path(f"/proc/{pid}/autogroup")
+        if autogroup.exists():  # absent where the kernel has no autogroup
+            autogroup.write_text(str(nice))
+    except OSError as exc:
+        logger.warning(
+            "could not lower the CPU priority of process %d to nice %d: %s", pid, nice, exc
+        )
+
+
 class ChildProcess:
     """Subclasses give `command()`, `ready_url` and, if needed, `env()` and `stop_signal`."""
 
     stop_signal = signal.SIGTERM
     name = "process"
 
-    def __init__(self, log_path: Path | None = None) -> None:
+    def __init__(self, log_path: Path | None = None, nice: int = 0) -> None:
         self.log_path = log_path
+        self.nice = nice
+        """The child's niceness, and its session's scheduling group's (Linux); 0 leaves both."""
         self.restarts = 0
         """Starts after the first one (`backend.supervisor` restarts a faulty process)."""
         self._process: subprocess.Popen[bytes] | None = None
@@ -83,6 +110,8 @@ class ChildProcess:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        if self.nice:
+            lower_priority(self._process.pid, self.nice)
 
     def is_ready(self) -> bool:
         try:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 
-from backend import default_model
+from backend import adapter_server, default_model
 from backend.adapter_server import AdapterServer
 from backend.processes import ChildProcess, free_port
 from backend.repository import write_repository
@@ -172,6 +172,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=[],
         metavar="NAME=VALUE",
         help="an `llm` config.pbtxt parameter for our stack (docs/configuration.md); repeatable",
+    )
+    parser.add_argument(
+        "--adapter-nice",
+        type=int,
+        default=adapter_server.NICE,
+        help="the adapter's niceness, as the launcher's flag of that name",
     )
     parser.add_argument("--no-peer", action="store_true", help="skip the `transformers serve` runs")
     parser.add_argument("--no-chat", action="store_true", help="skip the chat endpoint runs")
@@ -363,6 +369,7 @@ def run_all(
     chat: bool,
     peer: bool,
     llm_parameters: Mapping[str, str],
+    adapter_nice: int,
 ) -> list[list[Summary]]:
     """Starts every server, then runs the rounds (`run_rounds`)."""
     repository = write_repository(
@@ -383,6 +390,7 @@ def run_all(
                 served_model_name="bench",
                 log_path=tmp / "adapter.log",
                 options={"log_level": "warning"},
+                nice=adapter_nice,
             )
         )
         peers = {}
@@ -627,6 +635,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 chat,
                 not args.no_peer,
                 llm_parameters(args),
+                args.adapter_nice,
             )
     except KeyboardInterrupt:
         print("interrupted; every server it started has been stopped", file=sys.stderr)

@@ -1,0 +1,48 @@
+"""A child started with a niceness runs at it, threads it starts later included, and so does its
+session's scheduling group where the kernel has one (docs/design.md, "The adapter's CPU
+priority")."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from backend.launcher import build_adapter, parse_args
+from backend.processes import ChildProcess
+from tests.integration.openai_support import wait_for
+
+# Prints the niceness of a thread it starts, then its session group's line (if any).
+_REPORT = """
+import os, pathlib, threading
+seen = []
+thread = threading.Thread(target=lambda: seen.append(os.getpriority(os.PRIO_PROCESS, 0)))
+thread.start()
+thread.join()
+print(seen[0])
+group = pathlib.Path("/proc/self/autogroup")
+print(group.read_text().strip() if group.exists() else "no autogroup")
+"""
+
+
+class Reporter(ChildProcess):
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", _REPORT]
+
+
+def test_a_child_runs_at_its_niceness_and_so_does_its_session_group(tmp_path: Path) -> None:
+    log = tmp_path / "child.log"
+    child = Reporter(log, nice=7)
+    child.start()
+    assert wait_for(lambda: not child.running)
+    child.stop()
+    thread_nice, group = log.read_text().splitlines()
+    assert int(thread_nice) == 7
+    assert group == "no autogroup" or group.endswith(" nice 7")
+
+
+def test_the_launcher_starts_the_adapter_below_the_engines_priority() -> None:
+    triton = type("Triton", (), {"grpc_url": "127.0.0.1:1"})()
+    default = build_adapter(parse_args([]), triton)  # type: ignore[arg-type]
+    same = build_adapter(parse_args(["--adapter-nice", "0"]), triton)  # type: ignore[arg-type]
+    assert default is not None and default.nice == 10
+    assert same is not None and same.nice == 0

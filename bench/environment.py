@@ -2,7 +2,9 @@
 
 The benchmark machine is shared (2 cores, other jobs come and go), so every run records the
 share of all CPUs used by processes outside this benchmark's own process tree (and stolen by the
-hypervisor) while it ran: a run with a large share is noise, not a result.
+hypervisor) while it ran: a run with a large share is noise, not a result. A served run also
+records how long the engine waited for a CPU (`Waiting`): on 2 CPUs the serving processes take
+it from the engine, whose step bounds throughput.
 """
 
 from __future__ import annotations
@@ -51,6 +53,45 @@ def _machine_busy_s() -> float:
     """CPU seconds the machine spent not idle, summed over CPUs; stolen time counts as busy."""
     cpu = psutil.cpu_times()
     return sum(cpu) - cpu.idle - getattr(cpu, "iowait", 0.0)
+
+
+def thread_schedstats(pid: int) -> dict[int, tuple[float, float]]:
+    """Each thread's seconds on a CPU and runnable in a run queue, from Linux's schedstat."""
+    stats = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread may end meanwhile
+            running, queued, _ = (task / "schedstat").read_text().split()
+            stats[int(task.name)] = (int(running) / 1e9, int(queued) / 1e9)
+    return stats
+
+
+def _queued_s(pid: int) -> float:
+    return sum(queued for _, queued in thread_schedstats(pid).values())
+
+
+class Waiting:
+    """A context manager; `share` is the fraction of the block during which the threads of
+    process `pid` were runnable but waited for a CPU, summed over threads (NaN without a pid)."""
+
+    share: float = float("nan")
+
+    def __init__(self, pid: int | None) -> None:
+        self._pid = pid
+
+    def __enter__(self) -> Waiting:
+        self._start = time.monotonic()
+        self._queued = _queued_s(self._pid) if self._pid is not None else 0.0
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._pid is not None:
+            elapsed = time.monotonic() - self._start
+            self.share = (_queued_s(self._pid) - self._queued) / elapsed
 
 
 class OthersCpu:

@@ -418,6 +418,8 @@ class Summary:
     first_error: str | None
     # The share of all CPUs that other processes used meanwhile, where the runner measured it.
     others_cpu: float = float("nan")
+    # The share of the run during which the served engine waited for a CPU (bench.environment).
+    engine_waiting: float = float("nan")
 
     @property
     def output_tokens_per_s(self) -> float:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from backend import default_model
 from backend.engine_process import engine_of
 from backend.repository import write_repository
 from backend.tritonserver import TritonServer
+from bench.environment import thread_schedstats
 from bench.loadgen import TritonTarget, explicit_ids, make_workload, run_load
 
 
@@ -52,16 +52,6 @@ def summarise(raw: Path, top: int) -> str:
     lines += ["", f"top {top} frames (inclusive):"]
     lines += [f"  {100 * n / total:5.1f}%  {name}" for name, n in frames.most_common(top)]
     return "\n".join(lines)
-
-
-def thread_schedstats(pid: int) -> dict[int, tuple[float, float]]:
-    """Each thread's seconds on a CPU and runnable in a run queue, from Linux's schedstat."""
-    stats = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):  # a thread may end meanwhile
-            running, queued, _ = (task / "schedstat").read_text().split()
-            stats[int(task.name)] = (int(running) / 1e9, int(queued) / 1e9)
-    return stats
 
 
 def main(argv: list[str] | None = None) -> int:

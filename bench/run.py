@@ -11,8 +11,9 @@ The machine is shared and its speed drifts by tens of percent over minutes, so t
 measured in rounds, one run of each per round (the order reversed every other round), with
 every server up throughout (an idle one takes under 1% of a CPU). A goal's ratio is taken in
 each round between runs seconds apart, and the median over rounds is reported. Prints one table
-(each scenario's median run) and the ratios against the goals; `--results` appends them to
-bench/RESULTS.md and `--plot` draws tok/s and p50 TTFT against concurrency.
+(each scenario's median run, with how long the served engine waited for a CPU) and the ratios
+against the goals; `--results` appends them to bench/RESULTS.md and `--plot` draws tok/s and p50
+TTFT against concurrency.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import asyncio
 import contextlib
 import datetime
 import functools
+import math
 import shlex
 import signal
 import statistics
@@ -35,11 +37,12 @@ from types import FrameType
 
 from backend import adapter_server, default_model
 from backend.adapter_server import AdapterServer
+from backend.engine_process import engine_of
 from backend.processes import ChildProcess, free_port
 from backend.repository import write_repository
 from backend.tritonserver import TritonServer
 from bench.engine_alone import EngineTarget
-from bench.environment import OthersCpu, describe_machine, wait_until_quiet
+from bench.environment import OthersCpu, Waiting, describe_machine, wait_until_quiet
 from bench.loadgen import (
     EXPLICIT_ID_COUNT,
     OUTPUT_LENGTHS,
@@ -222,11 +225,13 @@ def make_plan(args: argparse.Namespace) -> Plan:
 @dataclass(frozen=True)
 class Scenario:
     """One row of the table: a target at a concurrency. `make` returns the target of one run
-    (a run closes its target; the engine alone is one target that outlives its runs)."""
+    (a run closes its target; the engine alone is one target that outlives its runs).
+    `engine_pid`: the served engine's process, whose waits for a CPU the run records."""
 
     name: str
     concurrency: int
     make: Callable[[], Target]
+    engine_pid: int | None = None
 
 
 def _scenario_order(positions: range, round_index: int) -> list[int]:
@@ -248,17 +253,21 @@ async def warm_up(target: Target, specs: Sequence[RequestSpec], concurrency: int
 
 
 async def measure(
-    target: Target, specs: Sequence[RequestSpec], concurrency: int, plan: Plan
+    target: Target,
+    specs: Sequence[RequestSpec],
+    concurrency: int,
+    plan: Plan,
+    engine_pid: int | None = None,
 ) -> Summary:
     """One measured run, after a bounded wait for a quiet machine. Closes the target."""
     try:
         if plan.quiet_wait_s > 0:
             await asyncio.to_thread(wait_until_quiet, plan.quiet_wait_s, NOISY)
-        with OthersCpu() as others:
+        with OthersCpu() as others, Waiting(engine_pid) as waiting:
             load = await run_load(target, specs, concurrency)
     finally:
         await target.aclose()
-    run = replace(Summary.from_load(load), others_cpu=others.share)
+    run = replace(Summary.from_load(load), others_cpu=others.share, engine_waiting=waiting.share)
     print(
         f"  {target.name:<48} C={concurrency:<3} {run.output_tokens_per_s:7.1f} tok/s, "
         f"others used {100 * others.share:.0f}% of the CPUs",
@@ -282,7 +291,9 @@ def run_rounds(
         for position in _scenario_order(range(len(scenarios)), index):
             scenario = scenarios[position]
             c = scenario.concurrency
-            runs[position] = asyncio.run(measure(scenario.make(), specs[c], c, plan))
+            runs[position] = asyncio.run(
+                measure(scenario.make(), specs[c], c, plan, scenario.engine_pid)
+            )
         rounds.append([runs[position] for position in range(len(scenarios))])
     return rounds
 
@@ -322,17 +333,18 @@ def scenarios(
     model: Path,
     vocab_size: int,
     chat: bool,
+    engine_pid: int | None = None,
 ) -> list[Scenario]:
     """Every scenario, those a goal compares next to each other: per concurrency the engine
     alone, gRPC, (the explicit ids at the reference one), the adapter, then each peer mode.
-    `peers`: base URL by mode."""
+    `peers`: base URL by mode; `engine_pid`: the served engine's process."""
     ids = explicit_ids(vocab_size)
     endpoints = (False, True) if chat else (False,)
     out: list[Scenario] = []
     for c in plan.concurrencies:
         out += [
             Scenario(ENGINE, c, _engine_view(engine, ENGINE, [])),
-            Scenario(GRPC, c, lambda: TritonTarget(grpc_url, name=GRPC)),
+            Scenario(GRPC, c, lambda: TritonTarget(grpc_url, name=GRPC), engine_pid),
         ]
         if c == plan.reference:
             out += [
@@ -341,15 +353,19 @@ def scenarios(
                     GRPC_EXPLICIT,
                     c,
                     lambda: TritonTarget(grpc_url, logprob_token_ids=ids, name=GRPC_EXPLICIT),
+                    engine_pid,
                 ),
                 Scenario(
-                    GRPC_LOGPROBS, c, lambda: TritonTarget(grpc_url, logprobs=0, name=GRPC_LOGPROBS)
+                    GRPC_LOGPROBS,
+                    c,
+                    lambda: TritonTarget(grpc_url, logprobs=0, name=GRPC_LOGPROBS),
+                    engine_pid,
                 ),
             ]
         for is_chat in endpoints:
             name = ADAPTER_CHAT if is_chat else ADAPTER
             make = functools.partial(adapter_target, adapter_url, is_chat, c)
-            out.append(Scenario(name, c, make))
+            out.append(Scenario(name, c, make, engine_pid))
         for mode, url in peers.items():
             for is_chat in endpoints:
                 name = f"{PEER} ({mode}) {'chat' if is_chat else 'completions'}"
@@ -397,8 +413,17 @@ def run_all(
         for mode, batching in (("plain", False), ("continuous-batching", True)) if peer else ():
             server = PeerServer(model, free_port(), batching, tmp / f"peer-{mode}.log")
             peers[mode] = servers.enter_context(server).base_url
+        stub = next(stub.process.pid for stub in triton.stubs if stub.model == "llm")
         every = scenarios(
-            plan, engine, triton.grpc_url, adapter.url, peers, model, vocab_size, chat
+            plan,
+            engine,
+            triton.grpc_url,
+            adapter.url,
+            peers,
+            model,
+            vocab_size,
+            chat,
+            engine_of(stub).pid,
         )
         return run_rounds(every, specs, plan)
 
@@ -413,9 +438,9 @@ def table(rounds: Sequence[Sequence[Summary]]) -> str:
     head = (
         "| scenario | C | requests | errors | tokens (of planned) | wall s | output tok/s "
         "| tok/s by round | req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms "
-        "| others' CPU |"
+        "| others' CPU | engine waiting for a CPU |"
     )
-    rows = [head, "|" + "---|" * 14]
+    rows = [head, "|" + "---|" * 15]
     for s, runs in zip(median_runs(rounds), zip(*rounds, strict=True), strict=True):
         by_round = " / ".join(f"{throughput(run):.0f}" for run in runs)
         rows.append(
@@ -423,7 +448,8 @@ def table(rounds: Sequence[Sequence[Summary]]) -> str:
             f"| {s.output_tokens} ({s.expected_tokens}) | {s.wall_s:.1f} "
             f"| {s.output_tokens_per_s:.1f} | {by_round} | {s.requests_per_s:.2f} "
             f"| {1e3 * s.ttft_p50:.0f} | {1e3 * s.ttft_p99:.0f} "
-            f"| {1e3 * s.tpot_p50:.1f} | {1e3 * s.tpot_p99:.1f} | {100 * s.others_cpu:.0f}% |"
+            f"| {1e3 * s.tpot_p50:.1f} | {1e3 * s.tpot_p99:.1f} | {100 * s.others_cpu:.0f}% "
+            f"| {_percent(s.engine_waiting)} |"
         )
     return "\n".join(rows)
 
@@ -582,7 +608,9 @@ def report(
         f"{len(rounds)} round(s) (every other round in reverse order; each run after waiting up to "
         f"{plan.quiet_wait_s:.0f} s for others to use under {100 * NOISY:.0f}% of the CPUs). "
         "The table shows each scenario's median run; a ratio is the median of the ratios "
-        f"taken within each round. Took {elapsed_s:.0f} s in all.",
+        f'taken within each round. Took {elapsed_s:.0f} s in all. "engine waiting for a CPU": '
+        "the share of a served run in which the engine process's threads were runnable but not "
+        "running (Linux schedstat, summed over threads).",
         "",
         table(rounds),
         "",
@@ -597,6 +625,10 @@ def report(
             f"{', '.join(noisy)}."
         )
     return "\n".join(lines)
+
+
+def _percent(share: float) -> str:
+    return "-" if math.isnan(share) else f"{100 * share:.0f}%"
 
 
 def _link(path: Path) -> str:

@@ -1,15 +1,19 @@
-"""The benchmark's own logic: the engine-alone target, the goal ratios and the plot."""
+"""The benchmark's own logic: the engine-alone target, the goal ratios, the table, what the
+engine waited for a CPU, and the plot."""
 
 from __future__ import annotations
 
 import asyncio
 import math
+import os
+import threading
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from bench.engine_alone import EngineTarget
+from bench.environment import Waiting, thread_schedstats
 from bench.loadgen import RequestSpec, Summary, run_load
 from bench.plot import plot
 from bench.run import (
@@ -24,6 +28,7 @@ from bench.run import (
     goal_ratios,
     median_runs,
     ratios,
+    table,
 )
 
 ZERO = Summary("", 1, 10, 0, 1000, 1000, 1.0, 0.05, 0.1, 0.01, 0.02, None, 0.0)
@@ -130,3 +135,23 @@ def test_the_plot_is_a_png(tmp_path: Path) -> None:
         path,
     )
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_the_table_shows_the_served_engines_wait_for_a_cpu() -> None:
+    served = replace(_run(GRPC, 16, 900, 0.01), engine_waiting=0.074)
+    rows = table([[_run(ENGINE, 16, 1000, 0.01), served]]).splitlines()
+    assert rows[0].endswith("| engine waiting for a CPU |")
+    assert rows[2].endswith("| 0% | - |")  # the engine alone: no served engine
+    assert rows[3].endswith("| 0% | 7% |")
+
+
+def test_schedstat_is_read_per_thread_and_waiting_is_a_share_of_the_block() -> None:
+    stats = thread_schedstats(os.getpid())
+    running, queued = stats[threading.get_native_id()]
+    assert running > 0 and queued >= 0
+    with Waiting(os.getpid()) as ours:
+        sum(range(200_000))  # some CPU, so that the block has a length
+    assert 0.0 <= ours.share <= len(stats)  # at most every thread waited throughout
+    with Waiting(None) as nothing:
+        pass
+    assert math.isnan(nothing.share)

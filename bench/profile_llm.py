@@ -1,7 +1,8 @@
 """`python -m bench.profile_llm`: where the `llm` model's time goes under load (py-spy).
 
 Starts tritonserver with the `llm` model, keeps C streams busy with the benchmark's workload
-(`bench.loadgen.TritonTarget`), samples the stub and its engine process
+(`bench.loadgen.TritonTarget`; with `--adapter`, completions through the OpenAI adapter at
+niceness `--adapter-nice`), samples the stub and its engine process
 (`backend.engine_process`) with `py-spy record` meanwhile, and prints the CPU each process used,
 and for each of their threads the time it ran and the time it was runnable but waited for a CPU
 (Linux schedstat), then the share of samples in which each thread, and each function of ours or
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import subprocess
 import sys
 import tempfile
@@ -24,12 +26,14 @@ from pathlib import Path
 
 import psutil
 
-from backend import default_model
+from backend import adapter_server, default_model
+from backend.adapter_server import AdapterServer
 from backend.engine_process import engine_of
 from backend.repository import write_repository
 from backend.tritonserver import TritonServer
 from bench.environment import thread_schedstats
-from bench.loadgen import TritonTarget, explicit_ids, make_workload, run_load
+from bench.loadgen import Target, TritonTarget, explicit_ids, make_workload, run_load
+from bench.run import adapter_target
 
 
 def summarise(raw: Path, top: int) -> str:
@@ -63,7 +67,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--explicit-ids", type=int, default=0, help="LOGPROB_TOKEN_IDS per request (0 = none)"
     )
+    parser.add_argument(
+        "--adapter", action="store_true", help="the load through the OpenAI adapter, not gRPC"
+    )
+    parser.add_argument(
+        "--adapter-nice",
+        type=int,
+        default=adapter_server.NICE,
+        help="the adapter's niceness, as the launcher's flag of that name",
+    )
     args = parser.parse_args(argv)
+    if args.adapter and args.explicit_ids:
+        parser.error("--explicit-ids is for the gRPC load only")
     from transformers import AutoTokenizer
 
     model = default_model.ensure().resolve()
@@ -74,15 +89,31 @@ def main(argv: list[str] | None = None) -> int:
             Path(tmp) / "model_repository", model, {"max_num_seqs": str(args.concurrency)}
         )
         server = TritonServer(repository, 0, 0, 0, log_path=Path(tmp) / "tritonserver.log")
-        with server:
+        with server, contextlib.ExitStack() as adapters:
             assert server.pid is not None
             pid = next(stub.process.pid for stub in server.stubs if stub.model == "llm")
             ids = explicit_ids(len(tokenizer), args.explicit_ids) if args.explicit_ids else ()
+            adapter = None
+            if args.adapter:
+                adapter = adapters.enter_context(
+                    AdapterServer(
+                        server.grpc_url,
+                        port=0,
+                        served_model_name="bench",
+                        log_path=Path(tmp) / "adapter.log",
+                        options={"log_level": "warning"},
+                        nice=args.adapter_nice,
+                    )
+                )
             stop = threading.Event()
 
             def load() -> None:
                 async def loop() -> None:
-                    target = TritonTarget(server.grpc_url, logprob_token_ids=ids)
+                    target: Target = (
+                        adapter_target(adapter.url, False, args.concurrency)
+                        if adapter is not None
+                        else TritonTarget(server.grpc_url, logprob_token_ids=ids)
+                    )
                     while not stop.is_set():
                         await run_load(target, specs, args.concurrency)
                     await target.aclose()
@@ -99,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                 "tritonserver": psutil.Process(server.pid),
                 "load generator": psutil.Process(),
             }
+            if adapter is not None and adapter.pid is not None:
+                processes["adapter"] = psutil.Process(adapter.pid)
             for process in processes.values():
                 process.cpu_percent()  # starts each process's window
             sampled = (pid, engine.pid)

@@ -20,8 +20,8 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import aiohttp
 import grpc
-import httpx
 import numpy as np
 
 from backend import contract
@@ -251,6 +251,10 @@ class OpenAITarget:
     message. `extra` is merged into every body (`ignore_eos`, `stream_options`). The token count
     is the final usage's `completion_tokens` when the server sends it, else the number of
     chunks that carry text.
+
+    The client is aiohttp, as vLLM's serving benchmark uses: it shares the CPUs with the servers,
+    and at C=16 took 0.09 of a core where httpx took 0.19 (bench/RESULTS.md, "The adapter's
+    CPU priority, and a lighter client").
     """
 
     def __init__(
@@ -270,12 +274,22 @@ class OpenAITarget:
         self._chat = chat
         self._token_ids = token_ids and not chat
         self._extra = dict(extra or {})
-        self._client = httpx.AsyncClient(
-            base_url=base_url,
-            timeout=httpx.Timeout(timeout_s),
-            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
-            trust_env=False,
-        )
+        self._base_url = base_url
+        self._concurrency = concurrency
+        self._timeout_s = timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """Made on first use: an aiohttp session belongs to the event loop it was made in."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                self._base_url,
+                connector=aiohttp.TCPConnector(limit=self._concurrency),
+                timeout=aiohttp.ClientTimeout(total=self._timeout_s),
+                trust_env=False,
+            )
+        return self._session
 
     @property
     def _path(self) -> str:
@@ -302,10 +316,11 @@ class OpenAITarget:
 
     async def generate(self, spec: RequestSpec, first_token: FirstToken) -> int:
         chunks, usage = 0, None
-        async with self._client.stream("POST", self._path, json=self._body(spec)) as reply:
-            if reply.status_code != 200:
-                raise RuntimeError(f"HTTP {reply.status_code}: {(await reply.aread())[:300]!r}")
-            async for line in reply.aiter_lines():
+        async with self.session.post(self._path, json=self._body(spec)) as reply:
+            if reply.status != 200:
+                raise RuntimeError(f"HTTP {reply.status}: {(await reply.read())[:300]!r}")
+            async for raw in reply.content:  # line by line
+                line = raw.decode()
                 if not line.startswith("data:"):
                     continue
                 data = line.removeprefix("data:").strip()
@@ -327,7 +342,9 @@ class OpenAITarget:
         return usage["completion_tokens"] if usage else chunks
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
 @dataclass(frozen=True)

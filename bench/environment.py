@@ -14,7 +14,7 @@ import os
 import platform
 import time
 from pathlib import Path
-from types import TracebackType
+from typing import TypeVar
 
 import psutil
 
@@ -69,51 +69,56 @@ def _queued_s(pid: int) -> float:
     return sum(queued for _, queued in thread_schedstats(pid).values())
 
 
-class Waiting:
-    """A context manager; `share` is the fraction of the block during which the threads of
-    process `pid` were runnable but waited for a CPU, summed over threads (NaN without a pid)."""
+class _TimedBlock:
+    """A context manager over a block: subclasses read their counters in `_begin` and, with
+    the block's length, set `share` in `_end`."""
 
     share: float = float("nan")
+
+    def __enter__(self: _Block) -> _Block:
+        self._start = time.monotonic()
+        self._begin()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._end(time.monotonic() - self._start)
+
+    def _begin(self) -> None:
+        raise NotImplementedError
+
+    def _end(self, elapsed_s: float) -> None:
+        raise NotImplementedError
+
+
+_Block = TypeVar("_Block", bound=_TimedBlock)
+
+
+class Waiting(_TimedBlock):
+    """`share`: the fraction of the block during which the threads of process `pid` were
+    runnable but waited for a CPU, summed over threads (NaN without a pid)."""
 
     def __init__(self, pid: int | None) -> None:
         self._pid = pid
 
-    def __enter__(self) -> Waiting:
-        self._start = time.monotonic()
+    def _begin(self) -> None:
         self._queued = _queued_s(self._pid) if self._pid is not None else 0.0
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _end(self, elapsed_s: float) -> None:
         if self._pid is not None:
-            elapsed = time.monotonic() - self._start
-            self.share = (_queued_s(self._pid) - self._queued) / elapsed
+            self.share = (_queued_s(self._pid) - self._queued) / elapsed_s
 
 
-class OthersCpu:
-    """A context manager; `share` is the fraction of all CPUs that processes outside this
-    benchmark's tree (or the hypervisor) used during the block."""
+class OthersCpu(_TimedBlock):
+    """`share`: the fraction of all CPUs that processes outside this benchmark's tree (or the
+    hypervisor) used during the block."""
 
-    share: float = float("nan")
-
-    def __enter__(self) -> OthersCpu:
-        self._start = time.monotonic()
+    def _begin(self) -> None:
         self._busy = _machine_busy_s()
         self._ours = _tree_cpu_s()
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def _end(self, elapsed_s: float) -> None:
         ours = sum(t - self._ours.get(pid, 0.0) for pid, t in _tree_cpu_s().items())
-        capacity = (time.monotonic() - self._start) * (os.cpu_count() or 1)
+        capacity = elapsed_s * (os.cpu_count() or 1)
         self.share = max(_machine_busy_s() - self._busy - ours, 0.0) / capacity
 
 

@@ -4,7 +4,9 @@ The benchmark machine is shared (2 cores, other jobs come and go), so every run 
 share of all CPUs used by processes outside this benchmark's own process tree (and stolen by the
 hypervisor) while it ran: a run with a large share is noise, not a result. A served run also
 records how long the engine waited for a CPU (`Waiting`): on 2 CPUs the serving processes take
-it from the engine, whose step bounds throughput.
+it from the engine, whose step bounds throughput. `OthersCpu` also keeps the CPU time this
+benchmark's own processes (servers and client) used: per token, a cost that the VM's swings in
+speed move much less than they move a run's wall time.
 """
 
 from __future__ import annotations
@@ -110,16 +112,18 @@ class Waiting(_TimedBlock):
 
 class OthersCpu(_TimedBlock):
     """`share`: the fraction of all CPUs that processes outside this benchmark's tree (or the
-    hypervisor) used during the block."""
+    hypervisor) used during the block; `ours_s`: the CPU seconds the tree used."""
+
+    ours_s: float = float("nan")
 
     def _begin(self) -> None:
         self._busy = _machine_busy_s()
         self._ours = _tree_cpu_s()
 
     def _end(self, elapsed_s: float) -> None:
-        ours = sum(t - self._ours.get(pid, 0.0) for pid, t in _tree_cpu_s().items())
+        self.ours_s = sum(t - self._ours.get(pid, 0.0) for pid, t in _tree_cpu_s().items())
         capacity = elapsed_s * (os.cpu_count() or 1)
-        self.share = max(_machine_busy_s() - self._busy - ours, 0.0) / capacity
+        self.share = max(_machine_busy_s() - self._busy - self.ours_s, 0.0) / capacity
 
 
 def wait_until_quiet(max_wait_s: float, threshold: float, window_s: float = 1.0) -> float:

@@ -437,10 +437,17 @@ class Summary:
     others_cpu: float = float("nan")
     # The share of the run during which the served engine waited for a CPU (bench.environment).
     engine_waiting: float = float("nan")
+    # CPU seconds the benchmark's own processes (servers and client) used in the run.
+    ours_cpu_s: float = float("nan")
 
     @property
     def output_tokens_per_s(self) -> float:
         return self.output_tokens / self.wall_s
+
+    @property
+    def cpu_ms_per_token(self) -> float:
+        """`ours_cpu_s` per output token, in ms: what a token cost every process serving it."""
+        return 1e3 * self.ours_cpu_s / self.output_tokens if self.output_tokens else float("nan")
 
     @property
     def requests_per_s(self) -> float:

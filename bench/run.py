@@ -267,7 +267,12 @@ async def measure(
             load = await run_load(target, specs, concurrency)
     finally:
         await target.aclose()
-    run = replace(Summary.from_load(load), others_cpu=others.share, engine_waiting=waiting.share)
+    run = replace(
+        Summary.from_load(load),
+        others_cpu=others.share,
+        engine_waiting=waiting.share,
+        ours_cpu_s=others.ours_s,
+    )
     print(
         f"  {target.name:<48} C={concurrency:<3} {run.output_tokens_per_s:7.1f} tok/s, "
         f"others used {100 * others.share:.0f}% of the CPUs",
@@ -438,9 +443,9 @@ def table(rounds: Sequence[Sequence[Summary]]) -> str:
     head = (
         "| scenario | C | requests | errors | tokens (of planned) | wall s | output tok/s "
         "| tok/s by round | req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms "
-        "| others' CPU | engine waiting for a CPU |"
+        "| others' CPU | engine waiting for a CPU | our CPU ms/token |"
     )
-    rows = [head, "|" + "---|" * 15]
+    rows = [head, "|" + "---|" * 16]
     for s, runs in zip(median_runs(rounds), zip(*rounds, strict=True), strict=True):
         by_round = " / ".join(f"{throughput(run):.0f}" for run in runs)
         rows.append(
@@ -449,7 +454,7 @@ def table(rounds: Sequence[Sequence[Summary]]) -> str:
             f"| {s.output_tokens_per_s:.1f} | {by_round} | {s.requests_per_s:.2f} "
             f"| {1e3 * s.ttft_p50:.0f} | {1e3 * s.ttft_p99:.0f} "
             f"| {1e3 * s.tpot_p50:.1f} | {1e3 * s.tpot_p99:.1f} | {100 * s.others_cpu:.0f}% "
-            f"| {_percent(s.engine_waiting)} |"
+            f"| {_percent(s.engine_waiting)} | {_decimal(s.cpu_ms_per_token)} |"
         )
     return "\n".join(rows)
 
@@ -560,6 +565,10 @@ def ratios(plan: Plan, summaries: Sequence[Summary]) -> list[Ratio]:
     if explicit and grpc:
         what = f"{EXPLICIT_ID_COUNT} explicit ids / none, TPOT p50, C={c}"
         out.append(Ratio.of(what, explicit.tpot_p50, grpc.tpot_p50, False, 1.1, explicit, grpc))
+        # The same cost as CPU: steadier than TPOT on a VM whose speed swings between runs.
+        what = f"{EXPLICIT_ID_COUNT} explicit ids / none, our CPU per token, C={c}"
+        cpu = (explicit.cpu_ms_per_token, grpc.cpu_ms_per_token)
+        out.append(Ratio.of(what, *cpu, False, None, explicit, grpc))
     sampled = by_name.get((GRPC_LOGPROBS, c))
     if sampled and grpc and explicit:  # the goal above, split: the normaliser, then the ids
         what = f"LOGPROBS=0 / none, TPOT p50, C={c}"
@@ -610,7 +619,9 @@ def report(
         "The table shows each scenario's median run; a ratio is the median of the ratios "
         f'taken within each round. Took {elapsed_s:.0f} s in all. "engine waiting for a CPU": '
         "the share of a served run in which the engine process's threads were runnable but not "
-        "running (Linux schedstat, summed over threads).",
+        "running (Linux schedstat, summed over threads). 'our CPU ms/token': the CPU time that "
+        "this benchmark's process (the client, and the engine alone) and every process it "
+        "started (the servers, idle ones included) used during a run, per output token.",
         "",
         table(rounds),
         "",
@@ -629,6 +640,10 @@ def report(
 
 def _percent(share: float) -> str:
     return "-" if math.isnan(share) else f"{100 * share:.0f}%"
+
+
+def _decimal(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.3f}"
 
 
 def _link(path: Path) -> str:

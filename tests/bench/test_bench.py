@@ -1,5 +1,5 @@
 """The benchmark's own logic: the engine-alone target, the goal ratios, the table, what the
-engine waited for a CPU, and the plot."""
+engine waited for a CPU, what the runs cost in CPU, and the plot."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import asyncio
 import math
 import os
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from bench.engine_alone import EngineTarget
-from bench.environment import Waiting, thread_schedstats
+from bench.environment import OthersCpu, Waiting, thread_schedstats
 from bench.loadgen import RequestSpec, Summary, run_load
 from bench.plot import plot
 from bench.run import (
@@ -89,9 +90,9 @@ def test_the_ids_goal_is_split_into_the_normaliser_and_the_ids() -> None:
     goal of their own."""
     plan = Plan((16,), 54, 9, (32,), 0.0, 1)
     summaries = [
-        _run(GRPC, 16, 1000, 0.05),
+        replace(_run(GRPC, 16, 1000, 0.05), ours_cpu_s=0.5),
         replace(_run(GRPC_LOGPROBS, 16, 900, 0.05), tpot_p50=ZERO.tpot_p50 * 1.5),
-        replace(_run(GRPC_EXPLICIT, 16, 800, 0.05), tpot_p50=ZERO.tpot_p50 * 1.8),
+        replace(_run(GRPC_EXPLICIT, 16, 800, 0.05), tpot_p50=ZERO.tpot_p50 * 1.8, ours_cpu_s=0.52),
     ]
     found = {r.what: r for r in ratios(plan, summaries)}
     goal = found["1024 explicit ids / none, TPOT p50, C=16"]
@@ -103,6 +104,9 @@ def test_the_ids_goal_is_split_into_the_normaliser_and_the_ids() -> None:
     assert ids.line() == (
         "- 1024 explicit ids / LOGPROBS=0, TPOT p50, C=16: **1.20x** (no goal of its own)"
     )
+    # The goal's cost as CPU per token: 0.52 s over 800 tokens against 0.5 s over 1000.
+    cpu = found["1024 explicit ids / none, our CPU per token, C=16"]
+    assert math.isclose(cpu.value, 1.3) and cpu.met is None
 
 
 def test_rounds_report_the_median_ratio_and_keep_one_peer_mode() -> None:
@@ -137,12 +141,12 @@ def test_the_plot_is_a_png(tmp_path: Path) -> None:
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
 
 
-def test_the_table_shows_the_served_engines_wait_for_a_cpu() -> None:
-    served = replace(_run(GRPC, 16, 900, 0.01), engine_waiting=0.074)
+def test_the_table_shows_the_served_engines_wait_for_a_cpu_and_the_cpu_per_token() -> None:
+    served = replace(_run(GRPC, 16, 900, 0.01), engine_waiting=0.074, ours_cpu_s=0.54)
     rows = table([[_run(ENGINE, 16, 1000, 0.01), served]]).splitlines()
-    assert rows[0].endswith("| engine waiting for a CPU |")
-    assert rows[2].endswith("| 0% | - |")  # the engine alone: no served engine
-    assert rows[3].endswith("| 0% | 7% |")
+    assert rows[0].endswith("| engine waiting for a CPU | our CPU ms/token |")
+    assert rows[2].endswith("| 0% | - | - |")  # not measured: no served engine, no CPU time
+    assert rows[3].endswith("| 0% | 7% | 0.600 |")  # 0.54 s over 900 tokens
 
 
 def test_schedstat_is_read_per_thread_and_waiting_is_a_share_of_the_block() -> None:
@@ -155,3 +159,12 @@ def test_schedstat_is_read_per_thread_and_waiting_is_a_share_of_the_block() -> N
     with Waiting(None) as nothing:
         pass
     assert math.isnan(nothing.share)
+
+
+def test_others_cpu_keeps_the_cpu_time_of_our_own_processes() -> None:
+    with OthersCpu() as cpu:
+        start = time.process_time()
+        while time.process_time() - start < 0.1:  # 0.1 s of this process's CPU
+            pass
+    # psutil reads clock ticks (10 ms): the block's delta may lose one at each end.
+    assert cpu.ours_s >= 0.08

@@ -225,12 +225,18 @@ class TritonOutput(LogprobRows):
         def rows(
             logprobs: str, top_ids: str, top_logprobs: str, top_token_bytes: str, requested: str
         ) -> dict[str, list[Any]]:
-            """The `LogprobRows` fields from these tensors."""
+            """The `LogprobRows` fields from these tensors. The top-k's [n, k] tables, when not
+            asked for (`contract.requested_outputs`: not with LOGPROBS=0), are n empty rows."""
+            positions = values(logprobs)
+
+            def top(name: str) -> list[Any]:
+                return values(name) if name in arrays else [[] for _ in positions]
+
             return {
-                "logprobs": values(logprobs),
-                "top_ids": values(top_ids),
-                "top_logprobs": values(top_logprobs),
-                "top_token_bytes": values(top_token_bytes),
+                "logprobs": positions,
+                "top_ids": top(top_ids),
+                "top_logprobs": top(top_logprobs),
+                "top_token_bytes": top(top_token_bytes),
                 "requested_logprobs": values(requested),
             }
 

@@ -145,14 +145,16 @@ def requested_outputs(
 ) -> tuple[str, ...]:
     """The `llm` outputs a request with these inputs reads, so that the model builds and sends
     nothing else: LOGPROBS (None = absent; 0 = the sampled token's logprob only) asks for the
-    sampled group, and for the natural top-k unless explicit ids take its place (a client that
-    sends LOGPROB_TOKEN_IDS sends LOGPROBS=0: its alternatives are the ids)."""
+    sampled group, and for k >= 1 the natural top-k unless explicit ids take its place (a
+    client that sends LOGPROB_TOKEN_IDS sends LOGPROBS=0: its alternatives are the ids). Each
+    tensor costs a response its fixed cost whatever its size (docs/design.md, "Streaming
+    responses"), so an empty top-k is not asked for."""
     names: tuple[str, ...] = ALWAYS_OUTPUTS
     if logprobs is not None or token_ids:
         names += SAMPLED_LOGPROB_OUTPUTS
     if token_ids:
         names += TOKEN_ID_LOGPROB_OUTPUTS
-    elif logprobs is not None:
+    elif logprobs:
         names += TOP_LOGPROB_OUTPUTS
     if prompt_logprobs:
         names += PROMPT_OUTPUTS

@@ -7,6 +7,8 @@ import json
 import numpy as np
 import pytest
 
+from adapter.errors import EngineError
+from adapter.logprobs import LogprobsCollector
 from adapter.tensors import (
     TritonOutput,
     TritonRequest,
@@ -165,6 +167,21 @@ def test_output_with_prompt_logprobs() -> None:
     assert TritonOutput.from_arrays(response_arrays(), final=False).prompt is None
 
 
+def test_a_sampled_only_response_reads_as_an_empty_top_k_per_token() -> None:
+    """LOGPROBS=0 does not ask for the top-k tensors; each token then has no alternative, as
+    with the [n, 0] tensors the model would send, and a requested one that is absent is an
+    error, not an empty top-k."""
+    names = TritonRequest(prompt_ids=(1,), logprobs=0).output_names
+    sent = response_arrays([(5, b"a", -0.25), (6, b"b", -1.5)])
+    out = TritonOutput.from_arrays({name: sent[name] for name in names}, final=False)
+    assert (out.logprobs, out.top_ids, out.top_logprobs) == ([-0.25, -1.5], [[], []], [[], []])
+    positions = LogprobsCollector(()).positions(out)
+    assert [(p.sampled.token_id, p.alternatives) for p in positions] == [(5, ()), (6, ())]
+    lost = {**sent, contract.TOP_LOGPROBS: None}
+    with pytest.raises(EngineError, match="2 tokens but 0 logprob rows"):
+        LogprobsCollector(()).positions(TritonOutput.from_arrays(lost, final=False))
+
+
 def test_output_not_final_and_empty() -> None:
     out = TritonOutput.from_arrays(response_arrays([], text="", logprobs=False), final=False)
     assert (out.output_ids, out.text, out.logprobs, out.top_ids) == ([], "", [], [])
@@ -177,7 +194,8 @@ def test_output_not_final_and_empty() -> None:
     ("fields", "groups"),
     [
         ({}, ()),
-        ({"logprobs": 0}, ("sampled", "top")),
+        ({"logprobs": 0}, ("sampled",)),
+        ({"logprobs": 3}, ("sampled", "top")),
         ({"logprobs": 0, "logprob_token_ids": (5,)}, ("sampled", "ids")),
         ({"logprob_token_ids": (5,)}, ("sampled", "ids")),
         ({"prompt_logprobs": 1}, ("prompt",)),

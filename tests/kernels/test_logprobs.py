@@ -55,8 +55,9 @@ def make_inputs(
 ) -> dict[str, torch.Tensor]:
     """Random logits and ragged explicit ids, with every hard case the batch has rows for.
 
-    Row 1 is offset by +1000, row 2 has its first half masked to -inf, row 3 samples an id
-    outside [0, V); row 0 samples its argmax (rank 1) and asks for `max_ids` ids. Each row's
+    Row 1 is offset by +1000 and row 4 by -1000 (their exps over- and underflow unshifted), row 2
+    has its first half masked to -inf, row 3 samples an id outside [0, V); row 0 samples its
+    argmax (rank 1) and asks for `max_ids` ids. Each row's
     ids start with the sampled id twice, then a negative and a too-large id; 5% more are
     replaced by out-of-range ids up to the int32 extremes.
     """
@@ -65,6 +66,8 @@ def make_inputs(
         logits[1] += 1000
     if n_rows > 2:
         logits[2, : n_vocab // 2] = NEG_INF
+    if n_rows > 4:
+        logits[4] -= 1000
     logits = logits.to(dtype)
     sampled = torch.randint(0, n_vocab, (n_rows,))
     sampled[0] = logits[0].argmax()

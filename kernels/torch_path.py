@@ -140,8 +140,8 @@ def _chunk_logprobs(
 def _log_sum_exp(x: np.ndarray) -> np.ndarray:
     """log(sum(exp(x))) per row, [rows, 1] fp64, so that a logprob is `x - log_sum` rounded once.
 
-    The exps are not shifted by the row max: two passes over the logits fewer, 0.56-0.66 ->
-    0.35-0.37 ms for [16, 32000] (docs/design.md, "Logprobs beside the next forward"). A row
+    The exps are not shifted by the row max: two passes over the logits fewer, 0.52-0.66 ->
+    0.32-0.38 ms for [16, 32000] (docs/design.md, "Logprobs beside the next forward"). A row
     whose fp32 sum overflows, or is too small for its largest exp to be a normal float, is
     summed again shifted by its max.
     """

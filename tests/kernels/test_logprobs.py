@@ -225,6 +225,23 @@ def test_top_k_ties_go_to_the_lower_id(backend: str, dtype: torch.dtype) -> None
     assert_matches(out, ref, dtype)
 
 
+@pytest.mark.parametrize(
+    ("n_vocab", "top_k"), [(5, 5), (64, 20), (100, 1), (100, 2), (130, 20), (1400, 20)]
+)
+def test_torch_path_top_k_over_fewer_groups_than_k(n_vocab: int, top_k: int) -> None:
+    """The torch path's top-k first takes the max of groups of 64 ids; with fewer groups than
+    k + 1, or a group of tied logits, every candidate must still be ranked (value, then id)."""
+    torch.manual_seed(5)
+    logits = torch.randint(0, 3, (4, n_vocab)).float()
+    logits[1] = 0.0  # every logit tied
+    logits[2] = NEG_INF
+    logits[2, n_vocab - 1] = 1.0
+    sampled = torch.zeros(4, dtype=torch.int64)
+    ref = reference_logprobs(logits, sampled, top_k=top_k)
+    assert ref.top_ids[1].tolist() == list(range(top_k))
+    assert_matches(gather_logprobs_torch(logits, sampled, top_k), ref, torch.float32)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_padded_ids_match_flat_ids(backend: str) -> None:
     device = device_for(backend)

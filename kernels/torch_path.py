@@ -81,9 +81,9 @@ def gather_logprobs_host(
     It never writes a [B, V] log-softmax: per chunk of rows in fp32, the sum of exps, the
     top-k and the rank, then lookups of the few ids asked for. The engine calls it
     on a worker thread beside the next forward, where each torch call would hand the GIL to the
-    engine thread and back, and numpy's small ops keep it; so it makes no torch call on fp32
-    CPU logits (the engine alone's TPOT with 1024 ids a row: docs/design.md, "Logprobs beside
-    the next forward").
+    engine thread and back, and numpy's small ops keep it; so on fp32 CPU logits its only torch
+    calls read them as numpy (the engine alone's TPOT with 1024 ids a row: docs/design.md,
+    "Logprobs beside the next forward").
     """
     n_rows, n_vocab = logits.shape
     padded = token_ids is not None and token_ids.ndim == 2
@@ -150,7 +150,7 @@ def _log_sum_exp(x: np.ndarray) -> np.ndarray:
     summed again shifted by its max.
     """
     with np.errstate(over="ignore", divide="ignore"):  # the rows summed again below
-        sums = np.exp(x).sum(axis=1)  # numpy's SIMD exp: about twice as fast as torch's here
+        sums = np.exp(x).sum(axis=1)  # numpy's SIMD exp: twice torch's speed on the AMD VM
         log_sum = np.log(sums.astype(np.float64))[:, None]
     redo = ~((sums >= _LEAST_UNSHIFTED_SUM) & (sums < np.inf))  # NaN sums too
     if redo.any():

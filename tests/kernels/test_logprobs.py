@@ -57,9 +57,9 @@ def make_inputs(
 
     Row 1 is offset by +1000 and row 4 by -1000 (their exps over- and underflow unshifted), row 2
     has its first half masked to -inf, row 3 samples an id outside [0, V); row 0 samples its
-    argmax (rank 1) and asks for `max_ids` ids. Each row's
-    ids start with the sampled id twice, then a negative and a too-large id; 5% more are
-    replaced by out-of-range ids up to the int32 extremes.
+    argmax (rank 1) and asks for `max_ids` ids. Each row's ids start with the sampled id twice,
+    then a negative and a too-large id; 5% more are replaced by out-of-range ids up to the
+    int32 extremes.
     """
     logits = torch.randn(n_rows, n_vocab) * 4
     if n_rows > 1:

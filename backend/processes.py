@@ -25,10 +25,18 @@ logger = logging.getLogger(__name__)
 _Process = TypeVar("_Process", bound="ChildProcess")
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports free now: every socket is bound before any is closed, since the
+    kernel may hand a port just released to the next bind."""
+    with contextlib.ExitStack() as sockets:
+        bound = [sockets.enter_context(socket.socket()) for _ in range(count)]
+        for sock in bound:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in bound]
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def lower_priority(pid: int, nice: int) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 
 from backend.config import RESTARTS_ENV
-from backend.processes import ChildProcess, free_port
+from backend.processes import ChildProcess, free_ports
 
 logger = logging.getLogger(__name__)
 STUB_BINARY = "triton_python_backend_stub"
@@ -113,9 +113,10 @@ class TritonServer(ChildProcess):
     ) -> None:
         super().__init__(log_path)
         self.model_repository = model_repository
-        self.http_port = http_port or free_port()
-        self.grpc_port = grpc_port or free_port()
-        self.metrics_port = metrics_port or free_port()
+        spare = iter(free_ports(3))  # distinct, for the ports given as 0
+        self.http_port = http_port or next(spare)
+        self.grpc_port = grpc_port or next(spare)
+        self.metrics_port = metrics_port or next(spare)
         self.host = host
         self.tritonserver = tritonserver
         self.backend_directory = backend_directory

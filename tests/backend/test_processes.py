@@ -4,11 +4,12 @@ priority")."""
 
 from __future__ import annotations
 
+import socket
 import sys
 from pathlib import Path
 
 from backend.launcher import build_adapter, parse_args
-from backend.processes import ChildProcess
+from backend.processes import ChildProcess, free_ports
 from tests.integration.openai_support import wait_for
 
 # Prints the niceness of a thread it starts, then its session group's line (if any).
@@ -46,3 +47,10 @@ def test_the_launcher_starts_the_adapter_below_the_engines_priority() -> None:
     same = build_adapter(parse_args(["--adapter-nice", "0"]), triton)  # type: ignore[arg-type]
     assert default is not None and default.nice == 10
     assert same is not None and same.nice == 0
+
+
+def test_free_ports_are_distinct_and_free() -> None:
+    ports = free_ports(16)
+    assert len(set(ports)) == 16 and all(port > 0 for port in ports)
+    with socket.socket() as sock:  # free: a server can bind one
+        sock.bind(("127.0.0.1", ports[0]))

@@ -28,7 +28,7 @@ import pytest
 
 from backend import contract
 from backend.default_model import DEFAULT_SPEC, REPO_ROOT, SPEC_FILE
-from backend.processes import free_port
+from backend.processes import free_ports
 from backend.tritonserver import embedded_tritonserver
 from tests.integration.openai_support import wait_for
 from tests.integration.proc import descendants, processes_mentioning, still_running
@@ -53,10 +53,7 @@ class Ports:
 
     @classmethod
     def free(cls) -> Ports:
-        ports: set[int] = set()
-        while len(ports) < 4:
-            ports.add(free_port())
-        return cls(*sorted(ports))
+        return cls(*free_ports(4))
 
     def triton_flags(self) -> list[str]:
         return [

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from backend import default_model
 from backend.repository import write_repository
 from backend.tritonserver import TritonServer
+
+# Property tests draw the same examples on every run (derived from each test), so that the suite
+# fails for a change, never by the draw; HYPOTHESIS_PROFILE=default draws new ones.
+settings.register_profile("suite", derandomize=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 # The session's `llm` is the product's model with a gate the tests can close (see that file).
 GATED_LLM = Path(__file__).parent / "integration" / "gated_llm.py"

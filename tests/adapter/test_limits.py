@@ -125,9 +125,10 @@ async def test_the_deadline_cancels_a_pending_response_with_504(engine: FakeEngi
 
 
 async def test_the_deadline_ends_a_stream_with_an_error_event(engine: FakeEngine) -> None:
+    """The deadline must not come before the stream has started: a second, not a blink."""
     engine.respond = lambda params: [TOKEN, asyncio.Event(), FINAL]
     app = create_app(
-        AdapterSettings(served_model_name="tiny", request_timeout_s=0.2), engine=engine
+        AdapterSettings(served_model_name="tiny", request_timeout_s=1.0), engine=engine
     )
     async with serve(app) as client:
         response = await client.post(COMPLETIONS, json=completion(stream=True, n=2))
@@ -140,8 +141,9 @@ async def test_the_deadline_ends_a_stream_with_an_error_event(engine: FakeEngine
 
 
 async def test_the_deadline_counts_the_wait_for_a_slot(engine: FakeEngine) -> None:
+    """The second request must finish within the deadline: a second, not a blink."""
     engine.respond = model_script
-    app = queued_app(engine, request_timeout_s=0.2)
+    app = queued_app(engine, request_timeout_s=1.0)
     limiter: ConcurrencyLimiter = app.state.limiter
     async with serve(app) as client:
         held = limiter.reserve()  # the only slot, taken by the test

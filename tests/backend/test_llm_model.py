@@ -149,6 +149,9 @@ def test_cancelled_mid_stream_gets_one_final_cancelled_error(
     llm_model: Any, pb_utils: ModuleType, prompt: np.ndarray, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(response_writer, "CANCEL_CHECK_INTERVAL_S", 0.0)  # at every response
+    # Every snapshot the writer reaches goes out: the request's few steps may all fall within
+    # one 50 ms interval, whose latest snapshot would show it gone already.
+    monkeypatch.setattr(response_writer, "STATS_INTERVAL_S", 0.0)
     request = greedy_request(prompt, 200, request_id="cancel-me")
     cancelled_before = pb_utils.metric("llm_cancelled_requests_total").value()
 

@@ -269,16 +269,21 @@ def test_a_lone_stream_never_waits(
 
 
 def test_a_waiting_response_goes_when_its_interval_is_over(transport: FakeTransport) -> None:
+    """Tokens 2 and 3 of a are pending before the writer looks at a again (it is held in a's
+    first send meanwhile), so they go as one response however slow the test thread is; that
+    response then waits for the interval after a's first."""
     interval = 0.05
     writer: ResponseWriter[str, int] = ResponseWriter(transport, stream_interval_s=interval)
+    transport.gate = threading.Event()
     writer.start()
     try:
         a, b = writer.outbox("a"), writer.outbox("b")
         a.send(step(1, first=True))
         b.send(step(1, first=True))
-        transport.wait_for(2)
+        assert transport.entered.acquire(timeout=WAIT_S)  # the writer is in a's first send
         a.send(step(2))
         a.send(step(3))
+        transport.gate.set()
         transport.wait_for(3)
         assert _responses(transport)[2] == ("a", [2, 3], False)
         first_of_a = transport.sent_at[[r for r, _, _ in transport.sent].index("a")]

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from backend import contract
+from backend.adapter_server import AdapterServer
 from backend.tritonserver import TritonServer
 from tests.integration.gated_llm import GATE_FILE
 from tests.reference import reference_logprobs, tokenizer
@@ -99,6 +100,15 @@ def reference_prompt_logprobs(model_dir: Path, prompt_ids: Sequence[int]) -> np.
 def reference_next_logprobs(model_dir: Path, prompt_ids: Sequence[int]) -> np.ndarray:
     """[V] float64: the log-softmax of the token after the prompt."""
     return reference_logprobs(model_dir, list(prompt_ids), [0])[0]
+
+
+def adapter_metric(adapter: AdapterServer, name: str) -> float:
+    """One of the adapter's own metrics, from its /metrics (the scrape is a request in flight)."""
+    with urllib.request.urlopen(f"{adapter.url}/metrics", timeout=5) as reply:
+        body = reply.read().decode()
+    match = re.search(rf"^{name} ([0-9.e+]+)$", body, re.MULTILINE)
+    assert match, f"{name} not in the adapter's metrics"
+    return float(match.group(1))
 
 
 def metric(metrics_url: str, name: str) -> float:

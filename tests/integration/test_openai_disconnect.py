@@ -5,7 +5,14 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.integration.openai_support import MODEL, assert_generated_since, held, metric, wait_for
+from tests.integration.openai_support import (
+    MODEL,
+    adapter_metric,
+    assert_generated_since,
+    held,
+    metric,
+    wait_for,
+)
 
 LONG = {"max_tokens": 240, "ignore_eos": True, "stream": True}
 
@@ -30,11 +37,13 @@ def test_disconnect_cancels_the_triton_request(
     with (
         held(triton_server),  # it cannot finish before the hang-up
         httpx.Client(base_url=adapter_server.url, timeout=30) as client,
-        client.stream("POST", path, json=body) as response,
     ):
-        assert response.status_code == 200
-        assert next(line for line in response.iter_lines() if line.startswith("data: "))
-    # The connection is closed here, long before 240 tokens.
+        with client.stream("POST", path, json=body) as response:
+            assert response.status_code == 200
+            assert next(line for line in response.iter_lines() if line.startswith("data: "))
+        # The connection is closed, long before 240 tokens. The engine goes on only once the
+        # adapter has seen it and cancelled the Triton request (only the scrape is in flight).
+        assert wait_for(lambda: adapter_metric(adapter_server, "adapter_requests_in_flight") == 1)
     assert wait_for(lambda: metric(metrics, "llm_cancelled_requests_total") == cancelled + 1)
     assert wait_for(lambda: metric(metrics, "llm_active_sequences") == 0)
     stopped_at = metric(metrics, "llm_generated_tokens_total")

@@ -2,12 +2,14 @@
 end with an error event and [DONE], /health/ready is 503 while Triton is down, and once a new
 tritonserver is up on the same ports requests succeed again, the adapter never restarted.
 
-Its own tritonserver on fixed free ports, not the session's: this one dies."""
+Its own tritonserver on fixed free ports, not the session's: this one dies. Its `llm` is the
+session's gated one, so that the streams are held open until the kill."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -17,14 +19,13 @@ import httpx
 import pytest
 
 from backend.adapter_server import AdapterServer
-from backend.processes import free_port
+from backend.processes import free_ports
 from backend.repository import write_repository
 from backend.tritonserver import TritonServer
-from tests.integration.openai_support import MODEL, sse_events, wait_for
+from tests.conftest import GATED_LLM
+from tests.integration.openai_support import MODEL, held, sse_events, wait_for
 
 STREAMS = 3
-# A context of 512 (the test model's maximum) makes each stream ~1 s alone, far longer than
-# opening the streams and killing Triton takes.
 PARAMETERS = {"max_model_len": "512", "max_num_seqs": "4"}
 LONG = {"model": MODEL, "prompt": "Hi", "max_tokens": 500, "ignore_eos": True, "stream": True}
 RECONNECT_BOUND_S = 10.0  # measured ~1 s with the adapter's reconnect backoff (10 s without)
@@ -44,10 +45,10 @@ def start_triton(repository: Path, ports: tuple[int, int, int], log: Path) -> Tr
 @pytest.fixture
 def own_triton(model_dir: Path, tmp_path: Path) -> Iterator[tuple[Path, tuple[int, int, int]]]:
     """(repository, fixed ports) for tritonservers started by the test itself."""
-    ports: set[int] = set()
-    while len(ports) < 3:
-        ports.add(free_port())
-    yield write_repository(tmp_path / "model_repository", model_dir, PARAMETERS), tuple(ports)
+    http, grpc, metrics = free_ports(3)
+    repository = write_repository(tmp_path / "model_repository", model_dir, PARAMETERS)
+    shutil.copy(GATED_LLM, repository / "llm" / "1" / "model.py")
+    yield repository, (http, grpc, metrics)
 
 
 @pytest.mark.timeout(600)
@@ -63,16 +64,17 @@ def test_triton_killed_mid_stream_then_back(own_triton, tmp_path: Path) -> None:
         adapter_pid = adapter.pid
         client = stack.enter_context(httpx.Client(base_url=adapter.url, timeout=60))
 
-        streams = [
-            stack.enter_context(client.stream("POST", "/v1/completions", json=LONG))
-            for _ in range(STREAMS)
-        ]
-        lines = [stream.iter_lines() for stream in streams]
-        for stream, stream_lines in zip(streams, lines, strict=True):
-            assert stream.status_code == 200
-            assert next(line for line in stream_lines if line.startswith("data: "))
-        killed_at = time.monotonic()
-        os.killpg(first.pid, signal.SIGKILL)  # tritonserver and its backend stubs at once
+        with held(first):  # each stream gets its first token, then none until the kill
+            streams = [
+                stack.enter_context(client.stream("POST", "/v1/completions", json=LONG))
+                for _ in range(STREAMS)
+            ]
+            lines = [stream.iter_lines() for stream in streams]
+            for stream, stream_lines in zip(streams, lines, strict=True):
+                assert stream.status_code == 200
+                assert next(line for line in stream_lines if line.startswith("data: "))
+            killed_at = time.monotonic()
+            os.killpg(first.pid, signal.SIGKILL)  # tritonserver and its backend stubs at once
 
         for stream_lines in lines:  # each ends at once with an error event, then [DONE]
             *_, error, done = sse_events(list(stream_lines))

@@ -49,7 +49,7 @@ class OutputSink(Protocol):
         """A data output; the last one when `output.finish_reason` is set."""
 
     def send_error(self, message: str, *, kind: str = INTERNAL) -> None:
-        """The end of the request, as an error of `kind` (INTERNAL, CANCELLED or BUSY)."""
+        """The end of the request, as an error of `kind` (INTERNAL, CANCELLED, BUSY or INVALID)."""
 
     def is_cancelled(self) -> bool: ...
 

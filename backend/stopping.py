@@ -7,7 +7,7 @@ LENGTH = "length"
 
 
 class StopStringMatcher:
-    """Cuts the text stream at the first stop string, which itself is never emitted.
+    """Cuts the text stream at the first stop string, which is emitted only with `include_stop`.
 
     The last `len(longest stop) - 1` characters are held back, because a stop string may begin
     in them and end in a later delta; any stop string that starts in emitted text has therefore

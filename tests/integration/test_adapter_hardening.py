@@ -125,11 +125,11 @@ def test_body_size_caps_ids_and_context(http: httpx.Client) -> None:
 def test_past_the_slot_and_the_queue_429(
     http: httpx.Client, limited: AdapterServer, triton_server
 ) -> None:
-    with (
-        ThreadPoolExecutor(1) as pool,
-        http.stream("POST", "/v1/completions", json={**LONG, "stream": True}) as holding,
-    ):
+    with ThreadPoolExecutor(1) as pool, contextlib.ExitStack() as stack:
         with held(triton_server):  # the stream cannot finish: it holds the only slot
+            holding = stack.enter_context(
+                http.stream("POST", "/v1/completions", json={**LONG, "stream": True})
+            )
             assert holding.status_code == 200
             # ignore_eos: the default temperature samples, and an early EOS would end it sooner.
             queued = pool.submit(http.post, "/v1/completions", json=completion(ignore_eos=True))

@@ -323,6 +323,9 @@ class Engine:
                     self._compiling.append(item)
                     continue
                 pending = item
+            if pending.sink.is_cancelled():  # its client left while it waited: no prefill
+                self._cancel(pending.params, pending.sink, "before it started")
+                continue
             try:
                 self._start_sequence(pending)
             except Exception as exc:  # not yet in `_active`: answer it here, or it never ends
@@ -527,13 +530,15 @@ class Engine:
     def _drop_cancelled(self) -> None:
         for seq in self._active:
             if seq.sink.is_cancelled():
-                logger.info(
-                    "request %s cancelled after %d tokens", seq.params.request_id, seq.generated
-                )
-                self.stats.cancelled_requests += 1
                 seq.finished = True
-                seq.sink.send_error("the request was cancelled", kind=CANCELLED)
+                self._cancel(seq.params, seq.sink, f"after {seq.generated} tokens")
         self._compact()
+
+    def _cancel(self, params: GenerationParams, sink: OutputSink, when: str) -> None:
+        """Ends a request its client cancelled, started or still waiting (vLLM aborts both)."""
+        logger.info("request %s cancelled %s", params.request_id, when)
+        self.stats.cancelled_requests += 1
+        sink.send_error("the request was cancelled", kind=CANCELLED)
 
     def _gather(
         self, logits: torch.Tensor, sampled: torch.Tensor, rows: list[_Sequence]

@@ -35,6 +35,9 @@ Stats = TypeVar("Stats")
 # Asking Triton whether a request was cancelled is an IPC round trip: at most this often per
 # request, on the writer thread. A cancelled request stops within a few steps.
 CANCEL_CHECK_INTERVAL_S = 0.02
+# A request with no response yet (waiting for a slot in the engine, or in its prefill) is asked
+# about too, less often: many may wait at once, and one whose client left should never start.
+UNANSWERED_CANCEL_CHECK_INTERVAL_S = 0.25
 # Each changed metric is an IPC round trip too: the latest stats go out at most this often (the
 # engine publishes them every iteration, idle ones included, so the last snapshot follows).
 STATS_INTERVAL_S = 0.05
@@ -125,6 +128,7 @@ class Outbox(Generic[Request]):
 
 _STOP = object()
 _STATS = object()
+_SWEEP = object()
 
 
 class ResponseWriter(Generic[Request, Stats]):
@@ -160,12 +164,22 @@ class ResponseWriter(Generic[Request, Stats]):
         self._stats_queued = False
         self._stats_lock = threading.Lock()
         self._stats_sent_at = 0.0
+        self._unanswered: set[Outbox[Request]] = set()
+        """Outboxes that have had no response yet (`_sweep` asks Triton about them)."""
+        self._unanswered_lock = threading.Lock()
+        self._swept_at = time.monotonic()
         self._thread: threading.Thread | None = None
         self.responses_sent = 0
         self.tokens_sent = 0
 
     def outbox(self, request: Request) -> Outbox[Request]:
-        return Outbox(request, self._ready)
+        box = Outbox(request, self._ready)
+        with self._unanswered_lock:
+            first = not self._unanswered
+            self._unanswered.add(box)
+        if first:  # the writer may be waiting on the queue alone: it now has sweeps to time
+            self._ready.put(_SWEEP)
+        return box
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="llm-writer", daemon=True)
@@ -200,6 +214,8 @@ class ResponseWriter(Generic[Request, Stats]):
             try:
                 if item is _STATS:
                     self._flush_stats()
+                elif item is _SWEEP:
+                    self._sweep()
                 else:
                     assert isinstance(item, Outbox)
                     self._flush(item)
@@ -207,19 +223,44 @@ class ResponseWriter(Generic[Request, Stats]):
                 logger.exception("the response writer failed on one item")
 
     def _next(self) -> object:
-        """An outbox whose interval is over, else what the queue brings first."""
-        while self._waiting:
-            due, _, box = self._waiting[0]
-            wait = due - time.monotonic()
-            if wait <= 0:
-                heapq.heappop(self._waiting)
-                box.waiting = False
-                return box
+        """An outbox whose interval is over, `_SWEEP` when one is due, else what the queue
+        brings first."""
+        while True:
+            now = time.monotonic()
+            due = None
+            if self._waiting:
+                due, _, box = self._waiting[0]
+                if due <= now:
+                    heapq.heappop(self._waiting)
+                    box.waiting = False
+                    return box
+            with self._unanswered_lock:
+                unanswered = bool(self._unanswered)
+            if unanswered:
+                sweep_at = self._swept_at + UNANSWERED_CANCEL_CHECK_INTERVAL_S
+                if sweep_at <= now:
+                    return _SWEEP
+                due = sweep_at if due is None else min(due, sweep_at)
             try:
-                return self._ready.get(timeout=wait)
+                return self._ready.get(timeout=None if due is None else due - now)
             except queue.Empty:
                 continue
-        return self._ready.get()
+
+    def _sweep(self) -> None:
+        """Asks Triton whether the requests without a response for a while were cancelled;
+        the engine drops those before they start (`Engine._admit`)."""
+        now = self._swept_at = time.monotonic()
+        with self._unanswered_lock:
+            boxes = list(self._unanswered)
+        for box in boxes:
+            if now - box.checked_at >= UNANSWERED_CANCEL_CHECK_INTERVAL_S:
+                self._poll_cancelled(box)
+                if box.cancelled:
+                    self._answered(box)
+
+    def _answered(self, box: Outbox[Request]) -> None:
+        with self._unanswered_lock:
+            self._unanswered.discard(box)
 
     def _may_wait(self, box: Outbox[Request]) -> bool:
         """Only a stream that sent its first response, does not end, and is not alone."""
@@ -272,6 +313,7 @@ class ResponseWriter(Generic[Request, Stats]):
             self.tokens_sent += len(merged.token_ids)
             if box.sent_at is None:
                 self._streams += 1
+                self._answered(box)
             box.sent_at = time.monotonic()
             if final:
                 self._close(box)
@@ -283,6 +325,7 @@ class ResponseWriter(Generic[Request, Stats]):
 
     def _close(self, box: Outbox[Request]) -> None:
         box.closed = True
+        self._answered(box)
         if box.sent_at is not None:
             self._streams -= 1
 

@@ -174,6 +174,18 @@ def test_stop_answers_queued_requests_that_never_started(runner: ModelRunner) ->
     assert (sink.error, sink.kind) == ("the model is shutting down", INTERNAL)
 
 
+class CancelledOnceAdmitted(RecordingSink):
+    """Not cancelled when the engine admits it (its first `is_cancelled`), cancelled after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.checks = 0
+
+    def is_cancelled(self) -> bool:
+        self.checks += 1
+        return self.checks > 1
+
+
 def test_a_request_cancelled_at_admission_gets_its_first_token_then_the_cancel(
     engine: Engine, passage: list[int]
 ) -> None:
@@ -183,7 +195,7 @@ def test_a_request_cancelled_at_admission_gets_its_first_token_then_the_cancel(
         prompt_ids=passage[:5], max_tokens=50, temperature=0.0, logprob_token_ids=[3, 9]
     )
     other = GenerationParams(prompt_ids=passage[:5], max_tokens=3, temperature=0.0)
-    cancelled, finished = RecordingSink(cancel_after=0), RecordingSink()
+    cancelled, finished = CancelledOnceAdmitted(), RecordingSink()
     for request, sink in ((params, cancelled), (other, finished)):
         engine.submit(request, sink)
     engine.start()
@@ -193,3 +205,20 @@ def test_a_request_cancelled_at_admission_gets_its_first_token_then_the_cancel(
     assert cancelled.outputs[0].token_id_logprobs.shape == (1, 2)
     assert cancelled.kind == CANCELLED
     assert finished.error is None and len(finished.token_ids) == 3
+
+
+def test_a_request_cancelled_before_it_started_gets_only_the_cancel(
+    engine: Engine, passage: list[int]
+) -> None:
+    """Its client left while it waited for a slot: no prefill, no token, and the request
+    beside it is untouched."""
+    params = GenerationParams(prompt_ids=passage[:5], max_tokens=3, temperature=0.0)
+    waiting, other = RecordingSink(cancel_after=0), RecordingSink()
+    for sink in (waiting, other):
+        engine.submit(params, sink)
+    engine.start()
+    for sink in (waiting, other):
+        assert sink.done.wait(WAIT_S)
+    assert waiting.outputs == [] and waiting.kind == CANCELLED
+    assert other.error is None and len(other.token_ids) == 3
+    assert (engine.stats.cancelled_requests, engine.stats.generated_tokens) == (1, 3)

@@ -5,6 +5,7 @@ one and ends do not)."""
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import pytest
 from backend import response_writer
 from backend.outputs import CANCELLED, PromptLogprobs, StepOutput, merge_outputs
 from backend.response_writer import Outbox, ResponseWriter
+from tests.integration.openai_support import wait_for
 
 WAIT_S = 60.0
 PROMPT = PromptLogprobs(
@@ -61,6 +63,7 @@ class FakeTransport:
         self.changed = threading.Condition()
         self.cancelled: set[str] = set()
         self.cancel_checks = 0
+        self.checked: collections.Counter[str] = collections.Counter()
 
     def _record(self, item: tuple[str, StepOutput | str, bool]) -> None:
         self.entered.release()
@@ -79,6 +82,7 @@ class FakeTransport:
 
     def is_cancelled(self, request: str) -> bool:
         self.cancel_checks += 1
+        self.checked[request] += 1
         return request in self.cancelled
 
     def wait_for(self, count: int) -> None:
@@ -197,6 +201,7 @@ def test_cancellation_is_read_from_triton_on_the_writer_thread(
     writer: ResponseWriter[str, int], transport: FakeTransport, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(response_writer, "CANCEL_CHECK_INTERVAL_S", 0.0)
+    monkeypatch.setattr(response_writer, "UNANSWERED_CANCEL_CHECK_INTERVAL_S", 3600.0)
     box = writer.outbox("r")
     box.send(step(1))
     transport.wait_for(1)
@@ -205,6 +210,23 @@ def test_cancellation_is_read_from_triton_on_the_writer_thread(
     box.send(step(2))
     transport.wait_for(2)
     assert box.is_cancelled()  # the engine's next step reads this flag: no IPC of its own
+
+
+def test_a_request_without_a_response_is_asked_about_cancellation(
+    writer: ResponseWriter[str, int], transport: FakeTransport, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One still waiting for a slot in the engine: the writer asks Triton about it too, so
+    that the engine can drop it before its prefill, and stops asking once it is cancelled."""
+    monkeypatch.setattr(response_writer, "UNANSWERED_CANCEL_CHECK_INTERVAL_S", 0.01)
+    transport.cancelled.add("q")
+    box = writer.outbox("q")
+    assert wait_for(box.is_cancelled)
+    answered = writer.outbox("a")
+    assert wait_for(lambda: transport.checked["a"] >= 2)  # two sweeps since "q" was cancelled
+    assert transport.checked["q"] == 1
+    answered.send(step(1, final=True))
+    transport.wait_for(1)
+    assert _responses(transport) == [("a", [1], True)]
 
 
 def test_the_latest_stats_reach_the_metrics_and_stop_flushes_them(

@@ -174,14 +174,18 @@ class ChildProcess:
     def stopped(self) -> None:
         """After the process group is gone: subclasses release what it left behind."""
 
-    def __enter__(self: _Process) -> _Process:
+    def start_ready(self: _Process, timeout_s: float = 120.0) -> _Process:
+        """Starts it and waits until it is ready; stops it again if it never is."""
         self.start()
         try:
-            self.wait_ready()
+            self.wait_ready(timeout_s)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def __enter__(self: _Process) -> _Process:
+        return self.start_ready()
 
     def __exit__(
         self,

@@ -8,6 +8,8 @@ import socket
 import sys
 from pathlib import Path
 
+import pytest
+
 from backend.launcher import build_adapter, parse_args
 from backend.processes import ChildProcess, free_ports
 from tests.integration.openai_support import wait_for
@@ -54,3 +56,21 @@ def test_free_ports_are_distinct_and_free() -> None:
     assert len(set(ports)) == 16 and all(port > 0 for port in ports)
     with socket.socket() as sock:  # free: a server can bind one
         sock.bind(("127.0.0.1", ports[0]))
+
+
+class ExitsAtOnce(ChildProcess):
+    """Exits with 3 before its (unserved) ready URL ever answers."""
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", "raise SystemExit(3)"]
+
+    @property
+    def ready_url(self) -> str:
+        return f"http://127.0.0.1:{free_ports(1)[0]}/ready"
+
+
+def test_start_ready_stops_a_child_that_never_became_ready(tmp_path: Path) -> None:
+    child = ExitsAtOnce(tmp_path / "child.log")
+    with pytest.raises(RuntimeError, match="exited with 3"):
+        child.start_ready()
+    assert child.pid is None and not child.running

@@ -32,17 +32,6 @@ def finished_requests(server: TritonServer) -> float:
     )
 
 
-def start_triton(repository: Path, log: Path) -> TritonServer:
-    server = TritonServer(repository, http_port=0, grpc_port=0, metrics_port=0, log_path=log)
-    server.start()
-    try:
-        server.wait_ready(240)
-    except BaseException:
-        server.stop()
-        raise
-    return server
-
-
 def complete(client: httpx.Client) -> None:
     response = client.post("/v1/completions", json=GREEDY)
     assert response.status_code == 200, response.text
@@ -55,9 +44,14 @@ def test_requests_are_balanced_and_fail_over(model_dir: Path, tmp_path: Path) ->
         with ThreadPoolExecutor(2) as pool:  # ~15 s each: start both at once
             starts = [
                 pool.submit(
-                    start_triton,
-                    write_repository(tmp_path / f"repo-{i}", model_dir, TEST_PARAMETERS),
-                    tmp_path / f"triton-{i}.log",
+                    TritonServer(
+                        write_repository(tmp_path / f"repo-{i}", model_dir, TEST_PARAMETERS),
+                        http_port=0,
+                        grpc_port=0,
+                        metrics_port=0,
+                        log_path=tmp_path / f"triton-{i}.log",
+                    ).start_ready,
+                    240,
                 )
                 for i in (1, 2)
             ]

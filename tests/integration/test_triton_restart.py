@@ -31,17 +31,6 @@ LONG = {"model": MODEL, "prompt": "Hi", "max_tokens": 500, "ignore_eos": True, "
 RECONNECT_BOUND_S = 10.0  # measured ~1 s with the adapter's reconnect backoff (10 s without)
 
 
-def start_triton(repository: Path, ports: tuple[int, int, int], log: Path) -> TritonServer:
-    server = TritonServer(repository, *ports, log_path=log)
-    server.start()
-    try:
-        server.wait_ready(240)
-    except BaseException:
-        server.stop()
-        raise
-    return server
-
-
 @pytest.fixture
 def own_triton(model_dir: Path, tmp_path: Path) -> Iterator[tuple[Path, tuple[int, int, int]]]:
     """(repository, fixed ports) for tritonservers started by the test itself."""
@@ -55,7 +44,9 @@ def own_triton(model_dir: Path, tmp_path: Path) -> Iterator[tuple[Path, tuple[in
 def test_triton_killed_mid_stream_then_back(own_triton, tmp_path: Path) -> None:
     repository, ports = own_triton
     with contextlib.ExitStack() as stack:
-        first = start_triton(repository, ports, tmp_path / "triton-1.log")
+        first = TritonServer(repository, *ports, log_path=tmp_path / "triton-1.log").start_ready(
+            240
+        )
         stack.callback(first.stop)
         adapter = AdapterServer(
             first.grpc_url, port=0, served_model_name=MODEL, log_path=tmp_path / "adapter.log"
@@ -89,7 +80,9 @@ def test_triton_killed_mid_stream_then_back(own_triton, tmp_path: Path) -> None:
         assert refused.json()["error"]["code"] == "service_unavailable"
         first.stop()
 
-        second = start_triton(repository, ports, tmp_path / "triton-2.log")
+        second = TritonServer(repository, *ports, log_path=tmp_path / "triton-2.log").start_ready(
+            240
+        )
         stack.callback(second.stop)
         back_at = time.monotonic()
         assert wait_for(

@@ -26,13 +26,27 @@ _Process = TypeVar("_Process", bound="ChildProcess")
 
 
 def free_ports(count: int) -> list[int]:
-    """`count` distinct ports free now: every socket is bound before any is closed, since the
-    kernel may hand a port just released to the next bind."""
-    with contextlib.ExitStack() as sockets:
-        bound = [sockets.enter_context(socket.socket()) for _ in range(count)]
-        for sock in bound:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in bound]
+    """`count` distinct loopback ports for servers about to start, kept from other processes.
+
+    A server binds its port seconds after it is chosen (tritonserver once its models are
+    loaded), and meanwhile any process's `bind(0)` or outgoing connection could take a port
+    that is merely free. So each port is left in TIME_WAIT, for about a minute: the kernel hands
+    it to no ephemeral allocation, while a server binding it with SO_REUSEADDR, as tritonserver
+    and uvicorn do, takes it (docs/design.md, "Ports chosen for servers")."""
+    return [_reserved_port() for _ in range(count)]
+
+
+def _reserved_port() -> int:
+    with socket.socket() as listener:
+        # Its accepted end inherits the flag, without which a server could not take it over.
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port: int = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)):
+            accepted, _ = listener.accept()
+            accepted.close()  # the port's end closes first, so it is the end left in TIME_WAIT
+    return port
 
 
 def free_port() -> int:

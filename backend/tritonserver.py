@@ -113,7 +113,7 @@ class TritonServer(ChildProcess):
     ) -> None:
         super().__init__(log_path)
         self.model_repository = model_repository
-        spare = iter(free_ports(3))  # distinct, for the ports given as 0
+        spare = iter(free_ports([http_port, grpc_port, metrics_port].count(0)))
         self.http_port = http_port or next(spare)
         self.grpc_port = grpc_port or next(spare)
         self.metrics_port = metrics_port or next(spare)

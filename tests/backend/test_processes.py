@@ -4,6 +4,7 @@ priority")."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
 from pathlib import Path
@@ -51,11 +52,21 @@ def test_the_launcher_starts_the_adapter_below_the_engines_priority() -> None:
     assert same is not None and same.nice == 0
 
 
-def test_free_ports_are_distinct_and_free() -> None:
+def test_free_ports_are_distinct_bindable_by_a_server_and_held_from_everyone_else() -> None:
     ports = free_ports(16)
     assert len(set(ports)) == 16 and all(port > 0 for port in ports)
-    with socket.socket() as sock:  # free: a server can bind one
-        sock.bind(("127.0.0.1", ports[0]))
+    for port in ports:
+        with socket.socket() as plain, pytest.raises(OSError):  # an ordinary bind is refused
+            plain.bind(("127.0.0.1", port))
+    with contextlib.ExitStack() as sockets:  # no ephemeral port is one of them
+        drawn = [sockets.enter_context(socket.socket()) for _ in range(2000)]
+        for sock in drawn:
+            sock.bind(("127.0.0.1", 0))
+        assert not {sock.getsockname()[1] for sock in drawn} & set(ports)
+    with socket.socket() as server:  # a server binds it as tritonserver and uvicorn do
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", ports[0]))
+        server.listen(1)
 
 
 class ExitsAtOnce(ChildProcess):

@@ -135,6 +135,7 @@ def serve(
     """The engine process's main: builds the engine (`prepare` sees it before it starts), then
     reads the stub's messages until `stop` or until the stub is gone (the pipe's end), when it
     exits too."""
+    _log_to_stderr()
     outgoing = _Outgoing(conn)
     try:
         engine = build_engine(config, outgoing.flush)
@@ -172,6 +173,19 @@ def serve(
     engine.stop()  # every request in flight gets its final error
     outgoing.flush()
     conn.close()
+
+
+def _log_to_stderr() -> None:
+    """The engine's own records (`backend.*`, INFO and up: a cancelled request, a failed
+    iteration) on the stderr it shares with tritonserver, whose log that is; a spawned process
+    starts with no logging set up, and would print only warnings, without their source."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s llm engine %(levelname)s %(name)s: %(message)s")
+    )
+    root = logging.getLogger("backend")
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
 
 
 def engine_of(stub_pid: int) -> psutil.Process:

@@ -233,6 +233,10 @@ def test_a_request_cancelled_while_it_waits_for_a_slot_never_starts(triton_serve
     assert wait_for(lambda: metric(metrics, "llm_cancelled_requests_total") == cancelled + 1)
     assert wait_for(lambda: metric(metrics, "llm_finished_requests_total") == finished + slots)
     assert metric(metrics, "llm_generated_tokens_total") == generated + slots * tokens
+    # The engine logged it before counting it, to tritonserver's log.
+    assert "request cancelled-while-waiting cancelled before it started" in triton_server.log_tail(
+        lines=10_000
+    )
 
 
 BAD_INPUTS = [

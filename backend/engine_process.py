@@ -183,9 +183,9 @@ def _log_to_stderr() -> None:
     handler.setFormatter(
         logging.Formatter("%(asctime)s llm engine %(levelname)s %(name)s: %(message)s")
     )
-    root = logging.getLogger("backend")
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
+    backend_logger = logging.getLogger("backend")
+    backend_logger.addHandler(handler)
+    backend_logger.setLevel(logging.INFO)
 
 
 def engine_of(stub_pid: int) -> psutil.Process:

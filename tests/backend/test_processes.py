@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from backend.launcher import build_adapter, parse_args
-from backend.processes import ChildProcess, free_ports
+from backend.processes import ChildProcess, free_port, free_ports
 from tests.integration.openai_support import wait_for
 
 # Prints the niceness of a thread it starts, then its session group's line (if any).
@@ -77,7 +77,7 @@ class ExitsAtOnce(ChildProcess):
 
     @property
     def ready_url(self) -> str:
-        return f"http://127.0.0.1:{free_ports(1)[0]}/ready"
+        return f"http://127.0.0.1:{free_port()}/ready"
 
 
 def test_start_ready_stops_a_child_that_never_became_ready(tmp_path: Path) -> None:

@@ -405,7 +405,8 @@ class Engine:
     def _prompt_logprobs(self, params: GenerationParams, logits: torch.Tensor) -> PromptLogprobs:
         """One kernel call over the prompt positions: position i scores token i + 1, and every
         position asks the same ids (padded form, without padding)."""
-        targets = torch.tensor(params.prompt_ids[1:], device=logits.device)
+        # int64 even when empty: a one-token prompt has no position to score.
+        targets = torch.tensor(params.prompt_ids[1:], dtype=torch.int64, device=logits.device)
         ids = params.prompt_logprob_token_ids
         rows = len(targets)
         out = gather_logprobs_on_host(

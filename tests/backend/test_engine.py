@@ -143,6 +143,34 @@ def test_max_tokens_zero_answers_once_with_empty_rows_of_the_asked_width(
     assert (out.prompt_tokens, out.completion_tokens) == (2, 0)
 
 
+@pytest.mark.parametrize("max_tokens", [0, 2])
+def test_a_one_token_prompt_has_empty_prompt_logprob_rows(
+    engine: Engine, model_dir: Path, max_tokens: int
+) -> None:
+    """A prompt's first token has no logprob (`echo` of one token, lm-eval's shortest context):
+    zero rows, not an error."""
+    params = GenerationParams(
+        prompt_ids=[5],
+        max_tokens=max_tokens,
+        ignore_eos=True,
+        prompt_logprobs=3,
+        prompt_logprob_token_ids=[1, 2],
+    )
+    [sink] = run(engine, [params])
+    assert sink.error is None
+    assert sum(len(out.token_ids) for out in sink.outputs) == max_tokens
+    prompt = sink.outputs[0].prompt
+    assert prompt is not None
+    assert prompt.ids == [5]
+    assert prompt.logprobs.shape == (0,)
+    assert prompt.top_ids.shape == (0, 3)
+    assert prompt.top_logprobs.shape == (0, 3)
+    assert prompt.token_id_logprobs.shape == (0, 2)
+    table = token_bytes_table(tokenizer(model_dir), 1024)
+    assert prompt.token_bytes == [table[5]]
+    assert prompt.token_id_bytes == [table[1], table[2]]
+
+
 def test_a_request_that_fails_to_start_gets_one_error_and_the_others_are_served(
     engine: Engine, runner: ModelRunner, monkeypatch: pytest.MonkeyPatch, passage: list[int]
 ) -> None:

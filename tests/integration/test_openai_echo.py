@@ -15,6 +15,7 @@ from tests.integration.openai_support import (
     ATOL,
     MODEL,
     distinct,
+    reference_next_logprobs,
     reference_prompt_logprobs,
     text_prompt_ids,
     token_id,
@@ -73,7 +74,7 @@ def test_lm_eval_loglikelihood_equals_the_reference(
     assert [g for _, g in got] == [True, False]  # the memorised continuation is the greedy one
 
 
-def test_echo_of_one_token_prompt_scores_every_position(http: httpx.Client, model_dir) -> None:
+def test_echo_of_a_token_id_prompt_scores_every_position(http: httpx.Client, model_dir) -> None:
     ids = text_prompt_ids(model_dir, PROMPT + CONTINUATIONS[0])
     body = {"model": MODEL, "prompt": ids, "echo": True, "max_tokens": 0, "logprobs": 3}
     choice = http.post("/v1/completions", json=body).json()["choices"][0]
@@ -89,6 +90,23 @@ def test_echo_of_one_token_prompt_scores_every_position(http: httpx.Client, mode
         natural = sorted(top.values(), reverse=True)[:3]
         assert np.allclose(natural, np.sort(ref[i - 1])[::-1][:3], atol=ATOL)
     assert logprobs["text_offset"][:2] == [0, len(logprobs["tokens"][0])]
+
+
+@pytest.mark.parametrize("max_tokens", [0, 2])
+def test_echo_of_a_single_token_prompt(http: httpx.Client, model_dir, max_tokens: int) -> None:
+    """Its one prompt token has no logprob (null, as vLLM's), and is not an error."""
+    [first] = text_prompt_ids(model_dir, "T")
+    body = {"model": MODEL, "prompt": [first], "echo": True, "max_tokens": max_tokens}
+    body |= {"logprobs": 1, "temperature": 0, "ignore_eos": True}
+    response = http.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    logprobs = response.json()["choices"][0]["logprobs"]
+    assert len(logprobs["tokens"]) == 1 + max_tokens
+    assert (logprobs["token_logprobs"][0], logprobs["top_logprobs"][0]) == (None, None)
+    assert logprobs["tokens"][0] == "T"
+    if max_tokens:
+        ref = reference_next_logprobs(model_dir, [first])
+        assert abs(logprobs["token_logprobs"][1] - ref.max()) < ATOL  # greedy
 
 
 def test_echo_with_generation(openai_client: openai.OpenAI) -> None:

@@ -47,6 +47,33 @@ VLLM_UNSUPPORTED: Mapping[str, tuple[Any, ...]] = {
 }
 
 
+def lone_surrogate_at(value: Any, path: tuple[str, ...] = ()) -> tuple[str, ...] | None:
+    """Where in parsed JSON a string (or a key) holds a lone UTF-16 surrogate, or None. JSON can
+    escape one (`"\\ud800"`), but no Unicode text holds it, and encoding it fails later."""
+    if isinstance(value, str):
+        if value.isascii():
+            return None
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            # A key may hold the surrogate itself: the path escapes it, so the error can be sent.
+            where = (*path, str(key).encode("utf-8", "backslashreplace").decode())
+            for found in (lone_surrogate_at(key, where), lone_surrogate_at(item, where)):
+                if found is not None:
+                    return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            if not isinstance(item, int):  # token-id prompts: long lists of ints
+                found = lone_surrogate_at(item, (*path, str(index)))
+                if found is not None:
+                    return found
+    return None
+
+
 class OpenAIBaseModel(BaseModel):
     """Accepts unknown fields and logs them, so new SDK fields do not break clients.
 
@@ -57,6 +84,19 @@ class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     unsupported: ClassVar[Mapping[str, tuple[Any, ...]]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_lone_surrogates(cls, data: Any) -> Any:
+        """A 400 naming the field, where encoding the text for Triton would raise a 500."""
+        where = lone_surrogate_at(data)
+        if where is not None:
+            raise InvalidRequestError(
+                f"`{'.'.join(where) or 'the body'}` holds a lone UTF-16 surrogate escape, "
+                "which is not valid Unicode text.",
+                parameter=where[0] if where else None,
+            )
+        return data
 
     @model_validator(mode="after")
     def _log_ignored_fields(self) -> OpenAIBaseModel:

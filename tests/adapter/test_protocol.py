@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -39,7 +40,10 @@ def _one_token(engine: FakeEngine) -> None:
 
 
 def assert_400(client: TestClient, path: str, body: dict, param: str | None, message: str) -> None:
-    response = client.post(path, json=body)
+    """`body` as ASCII JSON, where a lone surrogate is an escape (the client's `json=` encodes
+    UTF-8, which cannot hold one)."""
+    content = json.dumps(body).encode()
+    response = client.post(path, content=content, headers={"content-type": "application/json"})
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error"
@@ -119,6 +123,18 @@ STANDARD_CASES = [
         "Only text content parts",
     ),
     (CHAT, chat(messages=[{"content": "x"}]), "messages", "messages.0.role: Field required"),
+    # JSON may escape a lone surrogate; no UTF-8 text holds one.
+    (COMPLETIONS, completion(prompt="a\ud800b"), "prompt", "`prompt` holds a lone UTF-16"),
+    (COMPLETIONS, completion(prompt=["ok", "\udfff"]), "prompt", "`prompt.1` holds a lone"),
+    (COMPLETIONS, completion(stop=["\ud800"]), "stop", "`stop.0` holds a lone UTF-16"),
+    (
+        CHAT,
+        chat(messages=[{"role": "user", "content": "\ud800"}]),
+        "messages",
+        "messages.0.content",
+    ),
+    (CHAT, chat(user="\udc00x"), "user", "`user` holds a lone UTF-16 surrogate"),
+    (CHAT, chat(**{"x\udc00": 1}), "x\\udc00", "`x\\udc00` holds a lone UTF-16 surrogate"),
 ]
 
 

@@ -23,6 +23,8 @@ NON_EMPTY_LIST: dict[str, Any] = {"minItems": 1}
 the validator keeps its own message (pydantic writes `minLength` for a union, which fuzzers and
 clients read as a string rule)."""
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest float32: a field sent as a float32 tensor holds inf beyond it."""
 
 # vLLM request extensions (vllm/entrypoints/openai/protocol.py) that change the result and that
 # the engine does not implement yet: accepted only at their neutral value, else a 400. An empty
@@ -476,7 +478,7 @@ class GenerationRequest(OpenAIBaseModel):
     user: str | None = Field(default=None, description="Accepted, not used.")
 
     # vLLM extensions (vllm/entrypoints/openai/protocol.py)
-    top_k: Annotated[int, Field(ge=-1)] | None = Field(
+    top_k: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = Field(
         default=None, description="Sample from the k most likely tokens; -1 or 0: off."
     )
     repetition_penalty: Annotated[float, Field(gt=0)] | None = Field(
@@ -484,7 +486,7 @@ class GenerationRequest(OpenAIBaseModel):
         description="The logits of ids in the prompt or the output: positive ones divided by "
         "it, negative ones multiplied; 1: off.",
     )
-    min_tokens: Annotated[int, Field(ge=0)] | None = Field(
+    min_tokens: Annotated[int, Field(ge=0, le=INT32_MAX)] | None = Field(
         default=None, description="EOS and `stop_token_ids` cannot end the text before this."
     )
     stop_token_ids: list[int] | None = Field(
@@ -551,6 +553,19 @@ class GenerationRequest(OpenAIBaseModel):
                 f"`response_format.type` must be one of {shown}; got {value.get('type')!r}.",
                 parameter="response_format",
                 value=value.get("type"),
+            )
+        return value
+
+    @field_validator("temperature", "repetition_penalty")
+    @classmethod
+    def _check_float32(cls, value: float | None, info: ValidationInfo) -> float | None:
+        """The fields without an upper bound of their own that go as float32 tensors."""
+        if value is not None and value > FLOAT32_MAX:
+            raise InvalidRequestError(
+                f"`{info.field_name}` must be at most {FLOAT32_MAX:.7g} (a float32); "
+                f"got {value:g}.",
+                parameter=info.field_name,
+                value=value,
             )
         return value
 

@@ -123,6 +123,16 @@ STANDARD_CASES = [
         "Only text content parts",
     ),
     (CHAT, chat(messages=[{"content": "x"}]), "messages", "messages.0.role: Field required"),
+    # Beyond the int32 and float32 tensors' range: a 400, not a wrapped or infinite value.
+    (COMPLETIONS, completion(top_k=2**32 + 1), "top_k", "less than or equal to 2147483647"),
+    (CHAT, chat(min_tokens=2**32 + 5), "min_tokens", "less than or equal to 2147483647"),
+    (
+        COMPLETIONS,
+        completion(temperature=1e39),
+        "temperature",
+        "at most 3.402823e+38 (a float32); got 1e+39",
+    ),
+    (CHAT, chat(repetition_penalty=1e39), "repetition_penalty", "at most 3.402823e+38"),
     # JSON may escape a lone surrogate; no UTF-8 text holds one.
     (COMPLETIONS, completion(prompt="a\ud800b"), "prompt", "`prompt` holds a lone UTF-16"),
     (COMPLETIONS, completion(prompt=["ok", "\udfff"]), "prompt", "`prompt.1` holds a lone"),

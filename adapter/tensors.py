@@ -11,6 +11,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
+from adapter.errors import InvalidRequestError
 from backend import contract
 from backend.structured_output import StructuredOutput
 
@@ -34,6 +35,9 @@ class TritonRequest:
     add_special_tokens: bool | None = None
     """Text and chat prompts only (the tokenizer runs inside Triton)."""
     max_tokens: int | None = None
+    max_tokens_parameter: str | None = None
+    """The request field `max_tokens` came from, when the caller set it: then the prompt and
+    `max_tokens` must fit the context (`check_fits_context`); else the model stops at its end."""
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -61,6 +65,22 @@ class TritonRequest:
     prompt_logprob_token_ids: tuple[int, ...] = ()
     structured_output: StructuredOutput | None = None
     """The shape the output must take (STRUCTURED_OUTPUT)."""
+
+    def check_fits_context(self, prompt_tokens: int, max_model_len: int | None) -> None:
+        """A 400 naming `max_tokens_parameter` when the prompt and `max_tokens` exceed the
+        context, as vLLM's and OpenAI's servers answer. A prompt that fills the context alone is
+        the model's error, which names the prompt."""
+        if self.max_tokens_parameter is None or self.max_tokens is None or max_model_len is None:
+            return
+        if prompt_tokens < max_model_len < prompt_tokens + self.max_tokens:
+            raise InvalidRequestError(
+                f"`{self.max_tokens_parameter}` is too large: {self.max_tokens}. This model's "
+                f"maximum context length is {max_model_len} tokens and your request has "
+                f"{prompt_tokens} input tokens ({self.max_tokens} > {max_model_len} - "
+                f"{prompt_tokens}).",
+                parameter=self.max_tokens_parameter,
+                value=self.max_tokens,
+            )
 
     @property
     def needs_tokenizing(self) -> bool:

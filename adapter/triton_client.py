@@ -273,6 +273,7 @@ class TritonEngineClient:
             prompt_ids = (
                 await self._preprocess(address, arrays, contract.INPUT_IDS, request_id)
             ).tolist()
+        params.check_fits_context(len(prompt_ids), (await self.model_info()).max_model_len)
         model = self._llm_model
         request: dict[str, Any] = {
             "model_name": model,

@@ -160,6 +160,10 @@ class ChatCompletionRequest(GenerationRequest):
             (v for v in (self.max_completion_tokens, self.max_tokens) if v is not None), None
         )
 
+    def token_limit_parameter(self) -> str:
+        """The field `token_limit` reads, or would: errors about the limit name it."""
+        return "max_tokens" if self.max_completion_tokens is None else "max_completion_tokens"
+
     def echo_text(self) -> str:
         """What `echo` puts before the generated text: the last message's content when it is
         the assistant's, the role of the reply (vLLM)."""
@@ -184,6 +188,7 @@ class ChatCompletionRequest(GenerationRequest):
             sampling,
             messages=tuple(message.to_template() for message in self.messages),
             max_tokens=(default_max_tokens or INT32_MAX) if limit is None else limit,
+            max_tokens_parameter=None if limit is None else self.token_limit_parameter(),
             logprobs=logprobs,
         )
         return self.samples(params)

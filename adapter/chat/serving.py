@@ -78,10 +78,9 @@ class OpenAIServingChat(OpenAIServing):
         Each of the `n` choices is its own Triton request; all are in flight together.
         """
         model_name, info = await self.models.resolve(request.model)
-        limit_parameter = (
-            "max_tokens" if request.max_completion_tokens is None else "max_completion_tokens"
+        self.check_sampling_limits(
+            request.n, request.token_limit(), request.token_limit_parameter()
         )
-        self.check_sampling_limits(request.n, request.token_limit(), limit_parameter)
         self.check_top_logprobs(info, request.top_logprobs, "top_logprobs")
         self.check_id_count(info, request.logprob_token_ids, "logprob_token_ids")
         default_limit = min(info.max_model_len or INT32_MAX, self.limits.max_tokens_cap)

@@ -161,6 +161,7 @@ class CompletionRequest(GenerationRequest):
                 text=text,
                 prompt_ids=None if isinstance(prompt, str) else tuple(prompt),
                 max_tokens=self.token_limit(),
+                max_tokens_parameter="max_tokens",
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
                 prompt_logprob_token_ids=prompt_explicit,

@@ -154,6 +154,11 @@ class FakeEngine:
 
     async def tokenize(self, params: TritonRequest, request_id: str) -> list[int]:
         self.tokenized.append(params)
+        return self._prompt_ids(params)
+
+    def _prompt_ids(self, params: TritonRequest) -> list[int]:
+        if params.prompt_ids is not None:
+            return list(params.prompt_ids)
         text = params.text if params.text is not None else str(params.messages)
         return self.tokens.get(text, list(text.encode()))
 
@@ -166,6 +171,8 @@ class FakeEngine:
     async def generate(
         self, params: TritonRequest, request_id: str
     ) -> AsyncGenerator[TritonOutput, None]:
+        # As the Triton client: the prompt's tokens are known only now.
+        params.check_fits_context(len(self._prompt_ids(params)), self.info.max_model_len)
         self.requests.append((params, request_id))
         if self.entered is not None:
             self.entered(params, request_id)

@@ -133,6 +133,17 @@ STANDARD_CASES = [
         "at most 3.402823e+38 (a float32); got 1e+39",
     ),
     (CHAT, chat(repetition_penalty=1e39), "repetition_penalty", "at most 3.402823e+38"),
+    # The prompt and the token limit exceed the context (64; "Hello": 5 tokens in the fake).
+    (
+        COMPLETIONS,
+        completion(max_tokens=60),
+        "max_tokens",
+        "`max_tokens` is too large: 60. This model's maximum context length is 64 tokens and "
+        "your request has 5 input tokens (60 > 64 - 5).",
+    ),
+    (COMPLETIONS, completion(max_tokens=60, stream=True), "max_tokens", "is too large: 60"),
+    (CHAT, chat(max_completion_tokens=60), "max_completion_tokens", "is too large: 60"),
+    (CHAT, chat(max_tokens=60, stream=True), "max_tokens", "is too large: 60"),
     # JSON may escape a lone surrogate; no UTF-8 text holds one.
     (COMPLETIONS, completion(prompt="a\ud800b"), "prompt", "`prompt` holds a lone UTF-16"),
     (COMPLETIONS, completion(prompt=["ok", "\udfff"]), "prompt", "`prompt.1` holds a lone"),
@@ -209,6 +220,22 @@ def test_neutral_values_are_accepted(client: TestClient, path: str, body: dict) 
     response = client.post(path, json=body)
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (COMPLETIONS, completion(max_tokens=59)),  # 5 prompt tokens + 59 = the context, 64
+        (CHAT, chat()),  # no limit of its own: the model stops at the context's end
+    ],
+)
+def test_a_token_limit_up_to_the_context_is_accepted(
+    client: TestClient, engine: FakeEngine, path: str, body: dict
+) -> None:
+    response = client.post(path, json=body)
+    assert response.status_code == 200, response.text
+    [(params, _)] = engine.requests
+    assert params.max_tokens == 59 if path == COMPLETIONS else 64
 
 
 def test_unknown_harmless_fields_are_accepted_and_logged(

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from adapter.errors import EngineError
+from adapter.errors import EngineError, InvalidRequestError
 from adapter.logprobs import LogprobsCollector
 from adapter.tensors import (
     TritonOutput,
@@ -72,6 +72,34 @@ def test_llm_inputs_with_every_option() -> None:
     for name, (dtype, values) in expected.items():
         assert arrays[name].dtype == dtype, name
         assert arrays[name].tolist() == values, name
+
+
+@pytest.mark.parametrize(
+    ("prompt_tokens", "max_tokens", "parameter", "max_model_len", "refused"),
+    [
+        (5, 59, "max_tokens", 64, False),  # exactly the context
+        (5, 60, "max_tokens", 64, True),
+        (5, 60, "max_completion_tokens", 64, True),
+        (5, 60, None, 64, False),  # the server's default: the model stops at the context's end
+        (64, 1, "max_tokens", 64, False),  # the prompt alone: the model's error, naming it
+        (5, 60, "max_tokens", None, False),  # the context is not known
+    ],
+)
+def test_check_fits_context(
+    prompt_tokens: int,
+    max_tokens: int,
+    parameter: str | None,
+    max_model_len: int | None,
+    refused: bool,
+) -> None:
+    params = TritonRequest(prompt_ids=(1,), max_tokens=max_tokens, max_tokens_parameter=parameter)
+    if not refused:
+        params.check_fits_context(prompt_tokens, max_model_len)
+        return
+    with pytest.raises(InvalidRequestError) as raised:
+        params.check_fits_context(prompt_tokens, max_model_len)
+    assert raised.value.parameter == parameter
+    assert str(raised.value).startswith(f"`{parameter}` is too large: {max_tokens}.")
 
 
 def test_defaults_are_left_to_the_model() -> None:

@@ -72,6 +72,10 @@ CASES = [
     (COMPLETIONS, completion(prompt=TOO_LONG_TEXT), "prompt", "the context holds 256"),
     (COMPLETIONS, completion(prompt=[5] * 300, stream=True), "prompt", "the context holds 256"),
     (COMPLETIONS, completion(prompt=[[5], [5] * 300], n=2), "prompt", "the context holds 256"),
+    # the prompt and the token limit beyond the context (vLLM's and OpenAI's 400, not a cut)
+    (COMPLETIONS, completion(prompt=[5] * 10, max_tokens=247), "max_tokens", "(247 > 256 - 10)"),
+    (COMPLETIONS, completion(max_tokens=256, stream=True), "max_tokens", "is too large: 256"),
+    (CHAT, chat(max_completion_tokens=256), "max_completion_tokens", "is too large: 256"),
     (
         CHAT,
         chat(messages=[{"role": "user", "content": TOO_LONG_TEXT}]),

@@ -490,7 +490,9 @@ class GenerationRequest(OpenAIBaseModel):
         default=None, description="EOS and `stop_token_ids` cannot end the text before this."
     )
     stop_token_ids: list[int] | None = Field(
-        default=None, description="Token ids that end the generation (kept in the output)."
+        default=None,
+        description="Token ids that end the generation: the id and its logprobs are "
+        "returned, its text only with `include_stop_str_in_output`.",
     )
     include_stop_str_in_output: bool | None = Field(
         default=None, description="Keep the stop string at the end of the text."

@@ -52,10 +52,15 @@ class ChatMessage(OpenAIBaseModel):
         self.reject_unsupported()
         if isinstance(self.content, list):
             for part in self.content:
-                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                if part.get("type") != "text":
                     raise InvalidRequestError(
                         'Only text content parts (`{"type": "text", "text": ...}`) are '
                         f"supported, got type {part.get('type')!r}.",
+                        parameter="messages",
+                    )
+                if not isinstance(part.get("text"), str):
+                    raise InvalidRequestError(
+                        'A text content part needs its `"text"` as a string.',
                         parameter="messages",
                     )
         return self

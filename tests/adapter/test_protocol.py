@@ -122,6 +122,12 @@ STANDARD_CASES = [
         "messages",
         "Only text content parts",
     ),
+    (
+        CHAT,
+        chat(messages=[{"role": "user", "content": [{"type": "text"}]}]),
+        "messages",
+        'A text content part needs its `"text"` as a string.',
+    ),
     (CHAT, chat(messages=[{"content": "x"}]), "messages", "messages.0.role: Field required"),
     # Beyond the int32 and float32 tensors' range: a 400, not a wrapped or infinite value.
     (COMPLETIONS, completion(top_k=2**32 + 1), "top_k", "less than or equal to 2147483647"),

@@ -67,13 +67,16 @@ def lone_surrogate_at(value: Any, path: tuple[str, ...] = ()) -> tuple[str, ...]
             for found in (lone_surrogate_at(key, where), lone_surrogate_at(item, where)):
                 if found is not None:
                     return found
-    elif isinstance(value, list):
+    elif isinstance(value, list) and not set(map(type, value)) <= _SCALARS:  # ids: in C
         for index, item in enumerate(value):
-            if not isinstance(item, int):  # token-id prompts: long lists of ints
-                found = lone_surrogate_at(item, (*path, str(index)))
-                if found is not None:
-                    return found
+            found = lone_surrogate_at(item, (*path, str(index)))
+            if found is not None:
+                return found
     return None
+
+
+_SCALARS = {int, float, bool, type(None)}
+"""JSON values that hold no text."""
 
 
 class OpenAIBaseModel(BaseModel):

@@ -19,6 +19,8 @@ class ModelInfo:
     max_model_len: int | None = None
     max_logprobs: int = contract.DEFAULT_MAX_LOGPROBS
     max_logprob_token_ids: int = contract.DEFAULT_MAX_LOGPROB_TOKEN_IDS
+    max_num_seqs: int = contract.DEFAULT_MAX_NUM_SEQS
+    max_queue_size: int = contract.DEFAULT_MAX_QUEUE_SIZE
     model_path: str | None = None
 
     @classmethod
@@ -35,8 +37,17 @@ class ModelInfo:
             max_model_len=integer("max_model_len", 0) or None,
             max_logprobs=integer("max_logprobs", defaults.max_logprobs),
             max_logprob_token_ids=integer("max_logprob_token_ids", defaults.max_logprob_token_ids),
+            max_num_seqs=integer("max_num_seqs", defaults.max_num_seqs),
+            max_queue_size=integer("max_queue_size", defaults.max_queue_size),
             model_path=parameters.get("model_path") or None,
         )
+
+    @property
+    def max_requests_at_once(self) -> int:
+        """The most Triton requests one API request may make: all of them fit the engine on an
+        idle server (every slot, then the wait queue). A KV budget smaller than `max_num_seqs`
+        slots lowers the real figure, which only the model knows."""
+        return self.max_num_seqs + self.max_queue_size
 
     @property
     def default_model_name(self) -> str:

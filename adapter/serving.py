@@ -207,6 +207,19 @@ class OpenAIServing:
                 parameter=parameter,
             )
 
+    @staticmethod
+    def check_request_count(info: ModelInfo, count: int, parameter: str) -> None:
+        """A request that makes more Triton requests than the engine can hold at once gets a
+        400 naming the field: its "server busy" 503 would come back on every retry."""
+        limit = info.max_requests_at_once
+        if count > limit:
+            raise InvalidRequestError(
+                f"`{parameter}` makes {count} model requests; at most {limit} fit the model at "
+                "once (its max_num_seqs + max_queue_size).",
+                parameter=parameter,
+                value=count,
+            )
+
     @contextmanager
     def field_errors(self, fields: Mapping[str, str] | None = None) -> Iterator[None]:
         """Input the model rejects becomes a 400 naming the request field behind the tensor."""

@@ -6,7 +6,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from backend.contract import DEFAULT_MAX_LOGPROB_TOKEN_IDS, DEFAULT_MAX_LOGPROBS, MAX_TOP_K
+from backend.contract import (
+    DEFAULT_MAX_LOGPROB_TOKEN_IDS,
+    DEFAULT_MAX_LOGPROBS,
+    DEFAULT_MAX_NUM_SEQS,
+    DEFAULT_MAX_QUEUE_SIZE,
+    MAX_TOP_K,
+)
 
 RESTARTS_ENV = "LLM_SERVER_RESTARTS"
 """How often the launcher has restarted tritonserver after a fault; the `llm` model reports it
@@ -43,12 +49,12 @@ class LLMConfig:
     dtype: str = "auto"
     max_model_len: int = 0
     """0 = the model's max_position_embeddings."""
-    max_num_seqs: int = 16
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     num_threads: int = 0
     """torch intra-op threads; 0 = half the CPU cores (the rest serve Triton and its clients)."""
     kv_cache_memory_mb: int = 0
     """KV cache budget; 0 = room for `max_num_seqs` sequences of `max_model_len` tokens."""
-    max_queue_size: int = 256
+    max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE
     """Requests waiting for a slot beyond which new ones get a "server busy" error."""
     max_logprobs: int = DEFAULT_MAX_LOGPROBS
     max_logprob_token_ids: int = DEFAULT_MAX_LOGPROB_TOKEN_IDS

@@ -17,6 +17,10 @@ DEFAULT_MAX_LOGPROBS = 20
 """`llm`'s `max_logprobs` when config.pbtxt does not set it: the largest LOGPROBS."""
 DEFAULT_MAX_LOGPROB_TOKEN_IDS = 1024
 """`llm`'s `max_logprob_token_ids` when config.pbtxt does not set it."""
+DEFAULT_MAX_NUM_SEQS = 16
+"""`llm`'s `max_num_seqs` (sequences generating at once) when config.pbtxt does not set it."""
+DEFAULT_MAX_QUEUE_SIZE = 256
+"""`llm`'s `max_queue_size` (requests waiting for a slot) when config.pbtxt does not set it."""
 NEG_INF_LOGPROB = -9999.0
 """-inf cannot travel through JSON clients; vLLM and this contract send it as -9999.0."""
 

@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 import numpy as np
 import torch
 
-from backend.contract import DEFAULT_MAX_LOGPROB_TOKEN_IDS, DEFAULT_MAX_LOGPROBS, STRUCTURED_OUTPUT
+from backend.contract import (
+    DEFAULT_MAX_LOGPROB_TOKEN_IDS,
+    DEFAULT_MAX_LOGPROBS,
+    DEFAULT_MAX_QUEUE_SIZE,
+    STRUCTURED_OUTPUT,
+)
 from backend.detokenizer import IncrementalDetokenizer
 from backend.model_runner import ModelRunner
 from backend.outputs import BUSY, CANCELLED, INTERNAL, INVALID, PromptLogprobs, StepOutput
@@ -166,7 +171,7 @@ class Engine:
         runner: ModelRunner,
         max_logprobs: int = DEFAULT_MAX_LOGPROBS,
         max_logprob_token_ids: int = DEFAULT_MAX_LOGPROB_TOKEN_IDS,
-        max_queue_size: int = 256,
+        max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE,
         on_stats: Callable[[EngineStats], None] | None = None,
         grammar_cache_size: int = 64,
         grammar_compile_timeout_s: float = 10.0,

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from backend.contract import DEFAULT_MAX_NUM_SEQS
 from backend.fast_decode import FastDecoder, unsupported_reason
 from backend.kv_cache import SlotKVCache, bytes_per_slot
 
@@ -70,7 +71,7 @@ class ModelRunner:
         model_path: str,
         device: str = "auto",
         dtype: str = "auto",
-        max_num_seqs: int = 16,
+        max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
         max_model_len: int = 0,
         kv_cache_bytes: int = 0,
         fast_decode: bool = True,

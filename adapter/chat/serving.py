@@ -85,6 +85,7 @@ class OpenAIServingChat(OpenAIServing):
         self.check_id_count(info, request.logprob_token_ids, "logprob_token_ids")
         default_limit = min(info.max_model_len or INT32_MAX, self.limits.max_tokens_cap)
         choices = request.to_generation_params(default_limit)
+        self.check_request_count(info, len(choices), "n")
         request_id = f"chatcmpl-{current_request_id()}"
         fields = self.request_fields(request.structured_output_parameter)
         as_token_ids = bool(request.return_tokens_as_token_ids)

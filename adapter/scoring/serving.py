@@ -43,6 +43,7 @@ class OpenAIServingGenerativeScoring(OpenAIServing):
         self, request: GenerativeScoringRequest
     ) -> GenerativeScoringResponse:
         model_name, info = await self.models.resolve(request.model)
+        self.check_request_count(info, len(request.items), "items")
         label_param = "label_token_ids" if request.labels is None else "labels"
         self.check_id_count(info, request.label_token_ids or request.labels, label_param)
         request_id = f"generative-scoring-{request.request_id or current_request_id()}"

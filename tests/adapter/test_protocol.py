@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 
 import pytest
 from fastapi.testclient import TestClient
@@ -242,6 +243,25 @@ def test_a_token_limit_up_to_the_context_is_accepted(
     assert response.status_code == 200, response.text
     [(params, _)] = engine.requests
     assert params.max_tokens == 59 if path == COMPLETIONS else 64
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "fits"),
+    [
+        (COMPLETIONS, completion(n=4), "n", {"n": 3}),
+        (COMPLETIONS, completion(prompt=["a", "b"], n=2), "prompt", {"n": 1}),
+        (COMPLETIONS, completion(prompt=[[1], [2], [3], [4]]), "prompt", {"prompt": [[1], [2]]}),
+        (CHAT, chat(n=4, stream=True), "n", {"n": 3}),
+    ],
+)
+def test_more_model_requests_than_the_engine_holds_are_400(
+    client: TestClient, engine: FakeEngine, path: str, body: dict, param: str, fits: dict
+) -> None:
+    """A "server busy" 503 would come back on every retry."""
+    engine.info = replace(engine.info, max_num_seqs=2, max_queue_size=1)
+    assert_400(client, path, body, param, f"`{param}` makes 4 model requests; at most 3 fit")
+    assert engine.requests == []
+    assert client.post(path, json={**body, **fits}).status_code == 200
 
 
 def test_unknown_harmless_fields_are_accepted_and_logged(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from fastapi.testclient import TestClient
@@ -107,6 +108,19 @@ def test_bad_requests_name_the_field(
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
     assert message in response.json()["error"]["message"]
+
+
+def test_more_items_than_the_engine_holds_are_400(engine: FakeEngine, client: TestClient) -> None:
+    """A "server busy" 503 would come back on every retry."""
+    engine.info = replace(engine.info, max_num_seqs=1, max_queue_size=1)
+    body = {"query": "Q", "items": ["a", "bc", "a"], "label_token_ids": [20, 30]}
+    response = client.post(URL, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "items"
+    assert error["message"].startswith("`items` makes 3 model requests; at most 2 fit")
+    assert (engine.requests, engine.tokenized) == ([], [])
+    assert client.post(URL, json={**body, "items": ["a", "bc"]}).status_code == 200
 
 
 def test_label_probabilities() -> None:

@@ -274,3 +274,6 @@ def test_model_info_defaults() -> None:
     info = ModelInfo.from_parameters({"max_model_len": "2048"})
     assert (info.max_model_len, info.max_logprobs, info.max_logprob_token_ids) == (2048, 20, 1024)
     assert info.default_model_name == "llm"
+    assert (info.max_num_seqs, info.max_queue_size, info.max_requests_at_once) == (16, 256, 272)
+    read = ModelInfo.from_parameters({"max_num_seqs": "4", "max_queue_size": "0"})
+    assert read.max_requests_at_once == 4

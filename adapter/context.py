@@ -18,9 +18,10 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 REQUEST_ID_HEADER = "x-request-id"
-# Accepted ids: what tracing systems send (UUIDs, W3C trace ids, ULIDs), nothing that could
-# forge a log line or a Triton id.
-_VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+REQUEST_ID_PATTERN = r"[A-Za-z0-9._:\-]{1,128}"
+"""Accepted request ids: what tracing systems send (UUIDs, W3C trace ids, ULIDs), nothing that
+could forge a log line or a Triton id."""
+_VALID_REQUEST_ID = re.compile(REQUEST_ID_PATTERN)
 
 AbortListener = Callable[[Exception], None]
 

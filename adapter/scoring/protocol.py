@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from adapter.context import REQUEST_ID_PATTERN
 from adapter.errors import InvalidRequestError
 from adapter.protocol import NON_EMPTY_LIST, OpenAIBaseModel, UsageInfo, check_token_ids
 
@@ -42,7 +43,11 @@ class GenerativeScoringRequest(OpenAIBaseModel):
         description="Tokenize a text query with BOS etc.; text items never get them (vLLM).",
     )
     priority: int = Field(default=0, description="Accepted, not used.")
-    request_id: str | None = Field(default=None, description="Goes into the response `id`.")
+    request_id: str | None = Field(
+        default=None,
+        pattern=f"^{REQUEST_ID_PATTERN}$",
+        description="Goes into the response `id` and the Triton request ids.",
+    )
 
     # Our extension
     labels: list[str] | None = Field(

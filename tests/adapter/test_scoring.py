@@ -40,9 +40,10 @@ def _scoring_engine(engine: FakeEngine) -> None:
 
 def test_softmax_over_the_labels(engine: FakeEngine, client: TestClient) -> None:
     body = {"model": "tiny", "query": "Q", "items": ["a", "bc"], "label_token_ids": [20, 30]}
-    response = client.post(URL, json=body)
+    response = client.post(URL, json={**body, "request_id": "trace-1.a:b"})
     assert response.status_code == 200, response.text
     result = response.json()
+    assert result["id"] == "generative-scoring-trace-1.a:b"
     assert result["object"] == "list"
     assert result["label_token_ids"] == [20, 30]
     first, second = result["data"]
@@ -99,6 +100,17 @@ def test_labels_score_their_first_tokens(engine: FakeEngine, client: TestClient)
         ({"query": "Q", "items": ["a"], "labels": [""]}, "labels", "an empty label"),
         ({"query": "Q", "items": ["a"], "labels": ["Yes", "Yes"]}, "labels", "both start"),
         ({"query": "Q", "items": ["a"], "label_token_ids": list(range(9))}, "label_token_ids", "8"),
+        # as X-Request-Id: nothing that could forge a log line or a Triton id
+        (
+            {"query": "Q", "items": ["a"], "label_token_ids": [1], "request_id": "x\nCRITICAL"},
+            "request_id",
+            "String should match pattern",
+        ),
+        (
+            {"query": "Q", "items": ["a"], "labels": ["No"], "request_id": "a" * 129},
+            "request_id",
+            "",
+        ),
     ],
 )
 def test_bad_requests_name_the_field(

@@ -80,7 +80,8 @@ def register_error_handlers(app: FastAPI) -> None:
                 type="invalid_request_error" if exc.status_code < 500 else "server_error",
             )
         )
-        return JSONResponse(body.model_dump(), status_code=exc.status_code)
+        # The exception's headers too, such as a 405's `Allow` (RFC 9110).
+        return JSONResponse(body.model_dump(), status_code=exc.status_code, headers=exc.headers)
 
     async def _expected(_: Request, exc: Exception) -> JSONResponse:
         if isinstance(exc, EngineError | EngineUnavailableError):

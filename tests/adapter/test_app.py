@@ -84,6 +84,13 @@ def test_unknown_route_is_an_error_object(client: TestClient) -> None:
     assert response.json()["error"]["message"] == "Not Found"
 
 
+def test_a_wrong_method_is_a_405_error_object_with_allow(client: TestClient) -> None:
+    response = client.post("/health")
+    assert response.status_code == 405
+    assert response.headers["allow"] == "GET"
+    assert response.json()["error"]["message"] == "Method Not Allowed"
+
+
 def test_cli_overrides_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ADAPTER_PORT", "9100")
     monkeypatch.setenv("ADAPTER_TRITON_URL", "triton:8001")

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from adapter.context import current_request_id
+from adapter.engine_client import ModelInfo
 from adapter.errors import EngineError, InvalidRequestError
 from adapter.protocol import UsageInfo, distinct
 from adapter.scoring.protocol import (
@@ -61,6 +62,7 @@ class OpenAIServingGenerativeScoring(OpenAIServing):
                 ),
             ]
         )
+        await self._check_query(request.query, query, info, request_id)
         scored = distinct(label_ids)
         choices = [
             TritonRequest(
@@ -102,6 +104,19 @@ class OpenAIServingGenerativeScoring(OpenAIServing):
             return value
         params = TritonRequest(text=value, add_special_tokens=add_special_tokens)
         return await self.tokenize(params, request_id, {contract.TEXT_INPUT: parameter})
+
+    async def _check_query(
+        self, given: str | list[int], ids: list[int], info: ModelInfo, request_id: str
+    ) -> None:
+        """The query's own faults, named `query`: every item's prompt holds it, and the model's
+        errors about a prompt name `items`."""
+        if not isinstance(given, str):  # its ids against the vocabulary, by `preprocessing`
+            await self.token_bytes(ids, f"{request_id}-query-ids", parameter="query")
+        if info.max_model_len is not None and len(ids) >= info.max_model_len:
+            raise InvalidRequestError(
+                f"query: the query has {len(ids)} tokens, the context holds {info.max_model_len}.",
+                parameter="query",
+            )
 
     async def _first_tokens(self, labels: Sequence[str], request_id: str) -> list[int]:
         """Each label's first token; two labels sharing it could not be told apart."""

@@ -8,8 +8,10 @@ from dataclasses import replace
 import pytest
 from fastapi.testclient import TestClient
 
+from adapter.errors import TritonInputError
 from adapter.scoring.serving import label_probabilities
 from adapter.tensors import TritonRequest
+from backend import contract
 from tests.adapter.fakes import FakeEngine, Script, output
 
 URL = "/generative_scoring"
@@ -120,6 +122,23 @@ def test_bad_requests_name_the_field(
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
     assert message in response.json()["error"]["message"]
+
+
+def test_the_query_s_faults_name_the_query(engine: FakeEngine, client: TestClient) -> None:
+    """Every item's prompt holds the query: the model's error would name `items`."""
+    body = {"query": [5, 6], "items": ["a"], "label_token_ids": [20]}
+    assert client.post(URL, json=body).status_code == 200
+    assert engine.detokenized == [(5, 6)]  # the token-id query's ids checked, once
+    engine.bytes_error = TritonInputError(contract.INPUT_IDS, "id 99999 is outside the vocabulary")
+    engine.tokens["Q" * 64] = [5] * 64
+    for query, message in [
+        ([5, 99999], "query: id 99999 is outside the vocabulary"),
+        ("Q" * 64, "query: the query has 64 tokens, the context holds 64."),
+    ]:
+        response = client.post(URL, json={**body, "query": query})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "query"
+        assert response.json()["error"]["message"] == message
 
 
 def test_more_items_than_the_engine_holds_are_400(engine: FakeEngine, client: TestClient) -> None:

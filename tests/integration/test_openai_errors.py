@@ -149,6 +149,18 @@ CASES = [
         "items",
         "the context holds 256",
     ),
+    (
+        "/generative_scoring",
+        {"query": [5, 4000], "items": ["b"], "label_token_ids": [1]},
+        "query",
+        "id 4000 is outside the vocabulary",
+    ),
+    (
+        "/generative_scoring",
+        {"query": TOO_LONG_TEXT, "items": ["b"], "label_token_ids": [1]},
+        "query",
+        "the context holds 256",
+    ),
 ]
 
 

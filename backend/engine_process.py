@@ -165,7 +165,12 @@ def serve(
             os._exit(0)
         if message[0] == "submit":
             _, key, params = message
-            engine.submit(params, _RemoteSink(key, outgoing))
+            sink = _RemoteSink(key, outgoing)
+            try:
+                engine.submit(params, sink)
+            except Exception as exc:  # a bug: this request fails, not every one in flight
+                logger.exception("request %s could not be submitted", params.request_id)
+                sink.send_error(f"internal error: {type(exc).__name__}: {exc}")
         elif message[0] == "cancel":
             outgoing.cancelled.add(message[1])
         else:  # stop

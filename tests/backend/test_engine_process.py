@@ -23,6 +23,7 @@ from backend.engine_process import EngineProcess
 from backend.outputs import CANCELLED, INTERNAL
 from backend.params import GenerationParams
 from backend.stopping import LENGTH
+from backend.structured_output import CHOICE, StructuredOutput
 from tests.reference import reference_greedy, reference_logprobs
 from tests.sinks import RecordingSink
 
@@ -108,6 +109,24 @@ def test_a_cancelled_request_ends_cancelled_and_the_others_finish(
     assert cancelled.kind == CANCELLED and "cancelled" in (cancelled.error or "")
     assert 2 <= len(cancelled.token_ids) < 400
     assert other.error is None and other.outputs[-1].finish_reason is not None
+
+
+def test_a_request_that_fails_to_submit_fails_alone(
+    engine: EngineProcess, passage: list[int]
+) -> None:
+    """A bug on the way in (a spec that no check refused, here one the grammar cache cannot
+    hash) fails that request; the engine process goes on serving."""
+    broken = object.__new__(StructuredOutput)
+    for name, value in (("kind", CHOICE), ("value", {"yes": 1}), ("disable_any_whitespace", False)):
+        object.__setattr__(broken, name, value)
+    bad, other = RecordingSink(), RecordingSink()
+    engine.submit(
+        GenerationParams(prompt_ids=passage[:4], max_tokens=3, structured_output=broken), bad
+    )
+    engine.submit(GenerationParams(prompt_ids=passage[:8], max_tokens=3, temperature=0), other)
+    assert bad.done.wait(WAIT_S) and other.done.wait(WAIT_S)
+    assert bad.kind == INTERNAL and "TypeError" in (bad.error or "")
+    assert other.error is None and len(other.token_ids) == 3
 
 
 def test_stop_ends_requests_in_flight_and_the_process(

@@ -13,7 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from adapter.errors import InvalidRequestError
 from adapter.tensors import TritonOutput, TritonRequest
-from backend.structured_output import CHOICE, GRAMMAR, JSON_OBJECT, REGEX, StructuredOutput
+from backend.structured_output import (
+    CHOICE,
+    GRAMMAR,
+    JSON_OBJECT,
+    REGEX,
+    TOO_DEEP,
+    StructuredOutput,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -214,7 +221,12 @@ class ResponseFormatJsonSchema(OpenAIBaseModel):
         return value
 
     def to_structured_output(self) -> StructuredOutput | None:
-        return StructuredOutput.json_schema(self.json_schema.schema_)
+        try:
+            return StructuredOutput.json_schema(self.json_schema.schema_)
+        except ValueError as exc:
+            raise InvalidRequestError(
+                f"`response_format`: {exc}", parameter="response_format"
+            ) from None
 
 
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
@@ -264,6 +276,10 @@ class StructuredOutputsParams(OpenAIBaseModel):
                 raise InvalidRequestError(
                     f"`structured_outputs.json` is not valid JSON: {exc}.",
                     parameter="structured_outputs",
+                ) from None
+            except RecursionError:
+                raise InvalidRequestError(
+                    f"`structured_outputs.json`: {TOO_DEEP}.", parameter="structured_outputs"
                 ) from None
         return check_schema_object(value, "structured_outputs.json", parameter="structured_outputs")
 

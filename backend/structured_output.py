@@ -14,6 +14,8 @@ JSON = "json"
 JSON_OBJECT = "json_object"
 GRAMMAR = "grammar"
 KINDS = (CHOICE, REGEX, JSON, JSON_OBJECT, GRAMMAR)
+TOO_DEEP = "it is nested too deeply"
+"""What a JSON text or object too deep for Python's json (a RecursionError) is told."""
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,10 @@ class StructuredOutput:
         if self.kind not in KINDS:
             raise ValueError(f"`type` must be one of {', '.join(KINDS)}; got {self.kind!r}")
         if self.kind == CHOICE:
-            if not self.value or not all(isinstance(c, str) and c for c in self.value):
+            strings = isinstance(self.value, tuple) and all(
+                isinstance(c, str) and c for c in self.value
+            )
+            if not self.value or not strings:
                 raise ValueError("`choice` must be a non-empty list of non-empty strings")
         elif self.kind in (REGEX, GRAMMAR):
             if not isinstance(self.value, str) or not self.value:
@@ -43,7 +48,11 @@ class StructuredOutput:
         if not isinstance(schema, dict | bool):
             kind = type(schema).__name__
             raise ValueError(f"a JSON schema is an object or a boolean, got {kind}")
-        return cls(JSON, json.dumps(schema, sort_keys=True), disable_any_whitespace)
+        try:
+            text = json.dumps(schema, sort_keys=True)
+        except RecursionError:
+            raise ValueError(f"the JSON schema: {TOO_DEEP}") from None
+        return cls(JSON, text, disable_any_whitespace)
 
     def to_json(self) -> str:
         body: dict[str, Any] = {"type": self.kind}
@@ -64,6 +73,8 @@ class StructuredOutput:
             body = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"not JSON: {exc}") from None
+        except RecursionError:
+            raise ValueError(TOO_DEEP) from None
         if not isinstance(body, dict):
             raise ValueError('a JSON object is expected: {"type": ..., "value": ...}')
         unknown = sorted(set(body) - {"type", "value", "disable_any_whitespace"})
@@ -79,6 +90,6 @@ class StructuredOutput:
             if value is not None:
                 raise ValueError("`json_object` takes no `value`")
             return cls(JSON_OBJECT, "", whitespace)
-        if kind == CHOICE and isinstance(value, list):
-            value = tuple(value)
+        if kind == CHOICE:  # a list only: a string or an object would iterate as choices
+            value = tuple(value) if isinstance(value, list) else None
         return cls(kind, value, whitespace)

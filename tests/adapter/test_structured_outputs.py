@@ -104,6 +104,11 @@ BAD = [
         "structured_outputs",
         "`structured_outputs.json` is not valid JSON: Expecting property name",
     ),
+    (
+        {"structured_outputs": {"json": '{"items": ' * 100_000 + "{}" + "}" * 100_000}},
+        "structured_outputs",
+        "`structured_outputs.json`: it is nested too deeply.",
+    ),
     *[
         (
             {"structured_outputs": {"json": schema}},

@@ -253,6 +253,13 @@ def test_the_tensor_parses_into_the_spec() -> None:
         ('{"type": "xml", "value": "x"}', "`type` must be one of"),
         ('{"type": "choice", "value": []}', "`choice` must be a non-empty list"),
         ('{"type": "choice", "value": ["a", ""]}', "`choice` must be a non-empty list"),
+        ('{"type": "choice", "value": {"yes": 1}}', "`choice` must be a non-empty list"),
+        ('{"type": "choice", "value": "yes"}', "`choice` must be a non-empty list"),
+        ('{"type": "json", "value": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+        (
+            '{"type": "json", "value": ' + '{"items": ' * 100_000 + "{}" + "}" * 100_001,
+            "nested too deeply",
+        ),
         ('{"type": "regex", "value": ""}', "`regex` must be a non-empty string"),
         ('{"type": "json", "value": 3}', "a JSON schema is an object or a boolean"),
         ('{"type": "json_object", "value": "x"}', "`json_object` takes no `value`"),
@@ -266,6 +273,15 @@ def test_a_malformed_tensor_is_invalid_input(text: str, message: str) -> None:
         parse_request(_arrays(text), limits)
     assert error.value.parameter == contract.STRUCTURED_OUTPUT
     assert message in str(error.value)
+
+
+def test_a_schema_too_deep_to_write_is_refused() -> None:
+    """Deeper than Python's json can write (the adapter's schema objects come this way)."""
+    schema: dict = {}
+    for _ in range(100_000):
+        schema = {"items": schema}
+    with pytest.raises(ValueError, match="the JSON schema: it is nested too deeply"):
+        StructuredOutput.json_schema(schema)
 
 
 def test_the_server_wide_whitespace_switch_equals_the_request_flag(runner, model_dir) -> None:

@@ -18,6 +18,60 @@ TOO_DEEP = "it is nested too deeply"
 """What a JSON text or object too deep for Python's json (a RecursionError) is told."""
 
 
+_SUBSCHEMA = (
+    "items",
+    "additionalProperties",
+    "additionalItems",
+    "propertyNames",
+    "contains",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "not",
+    "if",
+    "then",
+    "else",
+)
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_UNENFORCED = ("uniqueItems", "contains", "minContains", "maxContains", "not", "if", "then", "else")
+
+
+def unenforced_keyword(schema: Any, path: str = "") -> str | None:
+    """The first assertion of `schema` that xgrammar's grammar would not hold the output to,
+    as "where: what", or None. Measured on xgrammar 0.2.9 (docs/design.md, "Structured
+    outputs"): it compiles these and lets outputs that break them through, so they are refused
+    rather than promised. `oneOf` is read as `anyOf`, and `format` and `content*` are
+    annotations in JSON Schema 2020-12, as xgrammar reads them."""
+    if not isinstance(schema, dict):
+        return None
+    where = path or "the schema"
+    for keyword in _UNENFORCED:
+        if keyword in schema and not (keyword == "uniqueItems" and schema[keyword] is False):
+            return f"{where}: `{keyword}`"
+    if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
+        return f"{where}: `allOf` of more than one schema"
+    if "pattern" in schema and ("minLength" in schema or "maxLength" in schema):
+        return f"{where}: `pattern` with `minLength` or `maxLength`"
+    step = schema.get("multipleOf")
+    if step is not None and not (schema.get("type") == "integer" and isinstance(step, int)):
+        return f"{where}: `multipleOf` other than an integer's integer step"
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and not ref.startswith("#"):
+        return f"{where}: `$ref` outside the schema ({ref!r})"
+    children: list[tuple[str, Any]] = [(key, schema.get(key)) for key in _SUBSCHEMA]
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            children += [(f"{key}.{i}", item) for i, item in enumerate(schema[key])]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            children += [(f"{key}.{name}", item) for name, item in schema[key].items()]
+    for key, child in children:
+        found = unenforced_keyword(child, f"{path}.{key}" if path else key)
+        if found is not None:
+            return found
+    return None
+
+
 @dataclass(frozen=True)
 class StructuredOutput:
     """`value`: the choices (a tuple of strings), the regex, the JSON schema (as canonical
@@ -50,8 +104,11 @@ class StructuredOutput:
             raise ValueError(f"a JSON schema is an object or a boolean, got {kind}")
         try:
             text = json.dumps(schema, sort_keys=True)
+            unenforced = unenforced_keyword(schema)
         except RecursionError:
             raise ValueError(f"the JSON schema: {TOO_DEEP}") from None
+        if unenforced is not None:
+            raise ValueError(f"the JSON schema asks for what the grammar cannot hold: {unenforced}")
         return cls(JSON, text, disable_any_whitespace)
 
     def to_json(self) -> str:

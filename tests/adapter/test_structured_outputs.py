@@ -109,6 +109,21 @@ BAD = [
         "structured_outputs",
         "`structured_outputs.json`: it is nested too deeply.",
     ),
+    (
+        {"structured_outputs": {"json": {"type": "array", "items": {}, "uniqueItems": True}}},
+        "structured_outputs",
+        "asks for what the grammar cannot hold: the schema: `uniqueItems`",
+    ),
+    (
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "n", "schema": {"not": {"type": "null"}}},
+            }
+        },
+        "response_format",
+        "`response_format`: the JSON schema asks for what the grammar cannot hold",
+    ),
     *[
         (
             {"structured_outputs": {"json": schema}},

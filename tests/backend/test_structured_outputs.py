@@ -275,6 +275,67 @@ def test_a_malformed_tensor_is_invalid_input(text: str, message: str) -> None:
     assert message in str(error.value)
 
 
+UNENFORCED = [  # (schema, an instance it refuses, what the 400 names)
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, [2, 2], "`uniqueItems`"),
+    ({"type": "array", "items": {"type": "integer"}, "contains": {"const": 4}}, [5], "`contains`"),
+    ({"not": {"type": "boolean"}}, True, "the schema: `not`"),
+    ({"if": {"type": "integer"}, "then": {"minimum": 5}}, 3, "the schema: `if`"),
+    ({"allOf": [{"type": "integer"}, {"minimum": 5}]}, 3, "`allOf` of more than one schema"),
+    ({"type": "string", "pattern": "^a+$", "maxLength": 2}, "aaaa", "`pattern` with"),
+    ({"type": "number", "multipleOf": 0.5}, 1.3, "`multipleOf` other than"),
+    (
+        {
+            "type": "object",
+            "properties": {"tags": {"type": "array", "items": {}, "uniqueItems": True}},
+        },
+        {"tags": [1, 1]},
+        "properties.tags: `uniqueItems`",
+    ),
+    (
+        {"$defs": {"n": {"not": {"const": 1}}}, "anyOf": [{"type": "null"}, {"$ref": "#/$defs/n"}]},
+        1,
+        "$defs.n: `not`",
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "instance", "named"), UNENFORCED)
+def test_what_xgrammar_does_not_enforce_is_refused(schema: dict, instance, named: str) -> None:
+    """xgrammar 0.2.9 compiles each of these and accepts an output that breaks it (checked
+    here, so that a version that enforces one shows it can leave the list); the spec refuses
+    them, as the docs promise the schema holds."""
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(instance, schema)
+    grammar = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+    assert _is_grammar_accept_string(grammar, json.dumps(instance))
+    with pytest.raises(ValueError, match="asks for what the grammar cannot hold") as refused:
+        StructuredOutput.json_schema(schema)
+    assert named in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"not": {"type": "string"}, "if": {"type": "integer"}}},
+        {"type": "array", "items": {"type": "integer"}, "uniqueItems": False},
+        {"allOf": [{"$ref": "#/$defs/a"}], "$defs": {"a": {"type": "integer"}}},
+        {"type": "integer", "multipleOf": 7},
+        {"type": "string", "format": "mycustom"},  # an annotation, as in JSON Schema 2020-12
+        {"enum": [{"not": 1}, {"uniqueItems": True}]},  # values, not schemas
+    ],
+)
+def test_what_xgrammar_enforces_is_accepted(schema: dict) -> None:
+    assert json.loads(StructuredOutput.json_schema(schema).value) == schema
+
+
+def test_an_external_ref_is_refused() -> None:
+    with pytest.raises(ValueError, match="`\\$ref` outside the schema"):
+        StructuredOutput.json_schema({"$ref": "https://example.com/s.json"})
+
+
 def test_a_schema_too_deep_to_write_is_refused() -> None:
     """Deeper than Python's json can write (the adapter's schema objects come this way)."""
     schema: dict = {}

@@ -2,7 +2,7 @@
 the engine thread and cached, and the per-row matchers and token bitmask the engine samples
 through (docs/design.md, "Structured outputs").
 
-A compile runs on one worker thread, so a large schema never holds up the engine's steps; the
+A compile runs on a worker thread, so a large schema never holds up the engine's steps; the
 engine keeps a request out of the batch until its grammar is ready. Compiled grammars are kept
 in a bounded LRU keyed by the spec (the tokenizer is fixed per engine).
 """
@@ -22,6 +22,11 @@ import torch
 import xgrammar as xgr
 
 from backend.structured_output import CHOICE, GRAMMAR, JSON, JSON_OBJECT, REGEX, StructuredOutput
+
+COMPILE_THREADS = 4
+"""Compiles at once (xgrammar releases the GIL while it compiles, and one compiler serves
+several threads, as vLLM's pool uses it): a schema that takes seconds holds one thread, and the
+next requests' grammars compile beside it instead of timing out behind it."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,7 @@ class GrammarCompiler:
         self._cache_size = cache_size
         self._cache: OrderedDict[StructuredOutput, Future[xgr.CompiledGrammar]] = OrderedDict()
         self._lock = threading.Lock()
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-grammar")
+        self._worker = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="llm-grammar")
         self._stats = GrammarStats()
 
     @property

@@ -36,6 +36,7 @@ SCHEMA = {
     "additionalProperties": False,
 }
 CHOICES = ("yes", "no", "maybe not")
+WAIT_S = 60.0
 REGEX = r"[0-9]{3}-[a-z]{2}"
 SPECS = {
     "choice": StructuredOutput("choice", CHOICES),
@@ -201,6 +202,39 @@ def test_a_compile_past_the_limit_is_refused_and_others_are_served(
             engine, [GenerationParams(prompt_ids=prompt, max_tokens=8, structured_output=spec)]
         )
         assert again.error is None and conforms("regex", _text(again))
+    finally:
+        release.set()
+        engine.stop()
+
+
+def test_a_slow_compile_does_not_hold_up_the_next_one(
+    runner, model_dir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One request's schema that takes long to compile holds one worker; another request's
+    grammar compiles beside it (not after it, where its deadline would pass)."""
+    engine = Engine(runner, grammar_compile_timeout_s=300)
+    release = threading.Event()
+    compiler = engine._grammar_compiler()
+    build = compiler._build
+    slow_spec, fast_spec = SPECS["regex"], SPECS["choice"]
+
+    def held(spec: StructuredOutput):  # type: ignore[no-untyped-def]
+        if spec == slow_spec:
+            release.wait(300)
+        return build(spec)
+
+    monkeypatch.setattr(compiler, "_build", held)
+    engine.start()
+    try:
+        prompt = _prompt(model_dir)
+        slow, fast = RecordingSink(), RecordingSink()
+        engine.submit(GenerationParams(prompt_ids=prompt, structured_output=slow_spec), slow)
+        engine.submit(GenerationParams(prompt_ids=prompt, structured_output=fast_spec), fast)
+        assert fast.done.wait(WAIT_S) and not slow.done.is_set()
+        assert fast.error is None and conforms("choice", _text(fast))
+        release.set()
+        assert slow.done.wait(WAIT_S)
+        assert slow.error is None and conforms("regex", _text(slow))
     finally:
         release.set()
         engine.stop()

@@ -26,13 +26,14 @@ from backend.contract import (
     DEFAULT_MAX_LOGPROB_TOKEN_IDS,
     DEFAULT_MAX_LOGPROBS,
     DEFAULT_MAX_QUEUE_SIZE,
+    MIN_TOKENS,
     STRUCTURED_OUTPUT,
 )
 from backend.detokenizer import IncrementalDetokenizer
 from backend.model_runner import ModelRunner
 from backend.outputs import BUSY, CANCELLED, INTERNAL, INVALID, PromptLogprobs, StepOutput
 from backend.params import EngineLimits, GenerationParams
-from backend.sampling import RowState, batch_from_rows, sample
+from backend.sampling import NO_TOKEN, RowState, batch_from_rows, sample
 from backend.stopping import LENGTH, STOP, StopStringMatcher, token_stop_reason
 from backend.token_bytes import special_token_ids, token_bytes_table
 from kernels import HostLogprobs, gather_logprobs_on_host
@@ -577,19 +578,24 @@ class Engine:
     def _advance(self, seq: _Sequence, token: int) -> tuple[str, str | None] | None:
         """One sampled token through the stop rules: its text and finish reason (the sequence
         is then finished), or None when it ended the request with an error."""
+        if token == NO_TOKEN:
+            seq.finished = True
+            tensor = STRUCTURED_OUTPUT if seq.matcher is not None else MIN_TOKENS
+            seq.sink.send_error(
+                f"{tensor}: no token fits: the structured output, ALLOWED_TOKEN_IDS, "
+                "LOGIT_BIAS_IDS and MIN_TOKENS together ban every id",
+                kind=INVALID,
+            )
+            return None
         seq.generated += 1
         seq.last_token = token
         seq.sampling.observe(token)
         self.stats.generated_tokens += 1
         reason = self._token_stop_reason(seq, token)
         if seq.matcher is not None:
-            if not seq.matcher.accept_token(token):  # every allowed id was banned otherwise
+            if not seq.matcher.accept_token(token):  # the mask let through what it refuses
                 seq.finished = True
-                seq.sink.send_error(
-                    f"{STRUCTURED_OUTPUT}: no token fits both the structured output and "
-                    "ALLOWED_TOKEN_IDS, LOGIT_BIAS_IDS or MIN_TOKENS",
-                    kind=INVALID,
-                )
+                seq.sink.send_error(f"{STRUCTURED_OUTPUT}: the grammar refused token {token}")
                 return None
             if reason is None and seq.matcher.is_terminated():
                 reason = STOP

@@ -169,10 +169,22 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.argmax(x.numpy(), axis=-1))
 
 
+NO_TOKEN = -1
+"""`sample`'s id for a row whose bans (allowed ids, min tokens, a grammar) left no id."""
+
+
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Token ids [B] from logits [B, V] (not modified)."""
-    if batch.penalties is not None or batch.bias is not None or batch.grammar_mask is not None:
-        logits = process_logits(logits, batch)
+    """Token ids [B] from logits [B, V] (not modified); `NO_TOKEN` for a row that bans every id
+    (its argmax would be id 0, whatever that is)."""
+    if batch.penalties is None and batch.bias is None and batch.grammar_mask is None:
+        return _sample_processed(logits, batch)
+    processed = process_logits(logits, batch)
+    tokens = _sample_processed(processed, batch)
+    banned = torch.isneginf(processed.gather(1, tokens.unsqueeze(1)).squeeze(1))
+    return torch.where(banned, NO_TOKEN, tokens)
+
+
+def _sample_processed(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     greedy = batch.temperature <= 0
     if bool(greedy.all()):
         return argmax_rows(logits)

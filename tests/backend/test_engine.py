@@ -15,7 +15,7 @@ from backend import contract
 from backend import triton_io as io
 from backend.engine import Engine, EngineStats
 from backend.model_runner import ModelRunner
-from backend.outputs import CANCELLED, INTERNAL
+from backend.outputs import CANCELLED, INTERNAL, INVALID
 from backend.params import GenerationParams
 from backend.stopping import LENGTH
 from backend.token_bytes import token_bytes_table
@@ -141,6 +141,20 @@ def test_max_tokens_zero_answers_once_with_empty_rows_of_the_asked_width(
     table = token_bytes_table(tokenizer(model_dir), 1024)
     assert out.token_id_bytes == [table[1], table[2]]
     assert (out.prompt_tokens, out.completion_tokens) == (2, 0)
+
+
+def test_allowed_ids_that_min_tokens_all_bans_are_invalid(
+    engine: Engine, runner: ModelRunner
+) -> None:
+    """Only EOS allowed, and MIN_TOKENS bans it: an error, not EOS as a row of -inf's argmax."""
+    [eos] = sorted(runner.eos_ids)[:1]
+    params = GenerationParams(
+        prompt_ids=[5, 6], max_tokens=5, min_tokens=3, allowed_token_ids=[eos]
+    )
+    [sink] = run(engine, [params])
+    assert sink.kind == INVALID
+    assert (sink.error or "").startswith(f"{contract.MIN_TOKENS}: no token fits")
+    assert sink.token_ids == []
 
 
 @pytest.mark.parametrize("max_tokens", [0, 2])

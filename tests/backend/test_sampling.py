@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.sampling import SamplingBatch, sample
+from backend.sampling import NO_TOKEN, SamplingBatch, sample
 
 
 def generator(seed: int) -> torch.Generator:
@@ -48,6 +48,18 @@ def test_greedy_is_argmax_with_ties_to_the_lower_id() -> None:
     # The same when other rows of the batch sample.
     mixed = batch(4, temperature=[0.0, 0.0, 0.0, 1.0])
     assert sample(torch.cat([logits, logits[:1]]), mixed)[:3].tolist() == [1, 0, 1]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_row_that_bans_every_id_samples_no_token(temperature: float) -> None:
+    """Its argmax would be id 0 (an EOS on many models, whose text would end as if complete)."""
+    rows = batch(2, temperature=temperature)
+    rows.bias = torch.zeros(2, len(LOGITS))
+    rows.bias[0] = float("-inf")  # every id: say the allowed ids are stop ids, under min_tokens
+    rows.bias[1, :3] = float("-inf")
+    tokens = sample(LOGITS.expand(2, -1).clone(), rows).tolist()
+    assert tokens[0] == NO_TOKEN
+    assert tokens[1] >= 3 and (temperature > 0 or tokens[1] == 3)
 
 
 def test_logits_are_not_modified() -> None:

@@ -164,6 +164,22 @@ def test_a_spec_that_does_not_compile_is_invalid_and_the_engine_goes_on(
     assert good.error is None and len(good.token_ids) == 8
 
 
+def test_a_grammar_that_only_min_tokens_keeps_open_is_invalid(engine, model_dir) -> None:
+    """Once the choice is complete only EOS fits, which MIN_TOKENS bans: an error, not an EOS
+    sampled as the argmax of a row of -inf (id 0 is EOS on this model)."""
+    choice = StructuredOutput("choice", ("yes",))
+    params = GenerationParams(
+        prompt_ids=_prompt(model_dir), max_tokens=20, min_tokens=10, structured_output=choice
+    )
+    [sink] = run(engine, [params])
+    assert sink.kind == INVALID
+    assert sink.error == (
+        f"{contract.STRUCTURED_OUTPUT}: no token fits: the structured output, ALLOWED_TOKEN_IDS, "
+        "LOGIT_BIAS_IDS and MIN_TOKENS together ban every id"
+    )
+    assert _text(sink) == "yes"
+
+
 def test_a_grammar_is_compiled_once_then_cached(engine, model_dir) -> None:
     spec = StructuredOutput("choice", ("alpha", "beta"))
     prompt = _prompt(model_dir)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+from jinja2 import TemplateError
 from transformers import AutoConfig, AutoTokenizer
 
 from backend.contract import (
@@ -33,13 +34,15 @@ def _messages(raw: str) -> list[dict]:
         messages = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise InvalidInputError(MESSAGES, f"is not valid JSON: {exc.msg}") from exc
+    except RecursionError:
+        raise InvalidInputError(MESSAGES, "is nested too deeply") from None
     if not isinstance(messages, list) or not messages:
         raise InvalidInputError(MESSAGES, "must be a non-empty JSON list of messages")
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise InvalidInputError(MESSAGES, "each message needs a string `role`")
-        if not isinstance(message.get("content", ""), str):
-            raise InvalidInputError(MESSAGES, "only string `content` is supported")
+        if not isinstance(message.get("content"), str):  # templates read it
+            raise InvalidInputError(MESSAGES, "each message needs a string `content`")
     return messages
 
 
@@ -96,11 +99,14 @@ class Preprocessor:
             prompt = _one_string(TEXT_INPUT, text)
             add = True if add_special_tokens is None else add_special_tokens
         elif messages is not None:
-            rendered = self.tokenizer.apply_chat_template(
-                _messages(_one_string(MESSAGES, messages)),
-                add_generation_prompt=True,
-                tokenize=False,
-            )
+            try:
+                rendered = self.tokenizer.apply_chat_template(
+                    _messages(_one_string(MESSAGES, messages)),
+                    add_generation_prompt=True,
+                    tokenize=False,
+                )
+            except TemplateError as exc:  # e.g. "Conversation roles must alternate ..."
+                raise InvalidInputError(MESSAGES, f"the chat template refused them: {exc}") from exc
             prompt = str(rendered)  # tokenize=False: the template's text
             add = bool(add_special_tokens)
         ids = self.tokenizer(prompt, add_special_tokens=add)["input_ids"]

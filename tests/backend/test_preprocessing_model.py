@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from jinja2 import TemplateError
 
 from backend.contract import (
     ADD_SPECIAL_TOKENS,
@@ -107,6 +108,11 @@ def test_add_special_tokens_is_forwarded(preprocessing_model: Any, model_dir: Pa
         ({MESSAGES: string("not json")}, "MESSAGES: is not valid JSON: Expecting value"),
         ({MESSAGES: string("[]")}, "MESSAGES: must be a non-empty JSON list of messages"),
         ({MESSAGES: string('[{"content": "x"}]')}, "MESSAGES: each message needs a string `role`"),
+        (
+            {MESSAGES: string('[{"role": "user"}]')},
+            "MESSAGES: each message needs a string `content`",
+        ),
+        ({MESSAGES: string("[" * 100_000 + "]" * 100_000)}, "MESSAGES: is nested too deeply"),
         ({TEXT_INPUT: string(b"\xff")}, "TEXT_INPUT: is not valid UTF-8"),
     ],
 )
@@ -129,3 +135,22 @@ def test_bad_input_is_invalid_arg_and_the_batch_is_still_answered(
     assert bad.error().message() == message
     assert ids_of(before) == tokenizer(model_dir)("before")["input_ids"]
     assert ids_of(after) == tokenizer(model_dir)("after")["input_ids"]
+
+
+def test_a_chat_template_s_refusal_is_invalid_arg(
+    preprocessing_model: Any, pb_utils: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Templates raise on what they refuse (Llama 2's: "Conversation roles must alternate")."""
+
+    def refuse(*args: Any, **kwargs: Any) -> str:
+        raise TemplateError("Conversation roles must alternate user/assistant/user/assistant")
+
+    tokenizer = preprocessing_model.preprocessor.tokenizer
+    monkeypatch.setattr(tokenizer, "apply_chat_template", refuse)
+    messages = string('[{"role": "assistant", "content": "hi"}]')
+    [response] = preprocessing_model.execute([FakeRequest({MESSAGES: messages})])
+    assert response.error().code() == pb_utils.TritonError.INVALID_ARG
+    assert response.error().message() == (
+        "MESSAGES: the chat template refused them: Conversation roles must alternate "
+        "user/assistant/user/assistant"
+    )

@@ -56,6 +56,10 @@ VLLM_UNSUPPORTED: Mapping[str, tuple[Any, ...]] = {
 }
 
 
+_SCALARS = {int, float, bool, type(None)}
+"""JSON values that hold no text."""
+
+
 def lone_surrogate_at(value: Any, path: tuple[str, ...] = ()) -> tuple[str, ...] | None:
     """Where in parsed JSON a string (or a key) holds a lone UTF-16 surrogate, or None. JSON can
     escape one (`"\\ud800"`), but no Unicode text holds it, and encoding it fails later."""
@@ -82,10 +86,6 @@ def lone_surrogate_at(value: Any, path: tuple[str, ...] = ()) -> tuple[str, ...]
     return None
 
 
-_SCALARS = {int, float, bool, type(None)}
-"""JSON values that hold no text."""
-
-
 class OpenAIBaseModel(BaseModel):
     """Accepts unknown fields and logs them, so new SDK fields do not break clients.
 
@@ -96,19 +96,6 @@ class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     unsupported: ClassVar[Mapping[str, tuple[Any, ...]]] = {}
-
-    @model_validator(mode="before")
-    @classmethod
-    def _reject_lone_surrogates(cls, data: Any) -> Any:
-        """A 400 naming the field, where encoding the text for Triton would raise a 500."""
-        where = lone_surrogate_at(data)
-        if where is not None:
-            raise InvalidRequestError(
-                f"`{'.'.join(where) or 'the body'}` holds a lone UTF-16 surrogate escape, "
-                "which is not valid Unicode text.",
-                parameter=where[0] if where else None,
-            )
-        return data
 
     @model_validator(mode="after")
     def _log_ignored_fields(self) -> OpenAIBaseModel:
@@ -131,6 +118,24 @@ class OpenAIBaseModel(BaseModel):
                     parameter=parent or name,
                     value=value,
                 )
+
+
+class OpenAIRequest(OpenAIBaseModel):
+    """A whole request body: walked once for text Triton could not encode, before any field
+    (its nested objects are `OpenAIBaseModel`s, which the walk has covered)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_lone_surrogates(cls, data: Any) -> Any:
+        """A 400 naming the field, where encoding the text for Triton would raise a 500."""
+        where = lone_surrogate_at(data)
+        if where is not None:
+            raise InvalidRequestError(
+                f"`{'.'.join(where) or 'the body'}` holds a lone UTF-16 surrogate escape, "
+                "which is not valid Unicode text.",
+                parameter=where[0] if where else None,
+            )
+        return data
 
 
 class StreamOptions(OpenAIBaseModel):
@@ -451,7 +456,7 @@ Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 LogitBias = Annotated[float, Field(ge=-100, le=100)]
 
 
-class GenerationRequest(OpenAIBaseModel):
+class GenerationRequest(OpenAIRequest):
     """What chat and completions requests share, and its conversion (`sampling_params`).
 
     OpenAI's common fields come first, in the API reference's order, then vLLM's sampling

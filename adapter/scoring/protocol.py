@@ -9,10 +9,10 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from adapter.context import REQUEST_ID_PATTERN
 from adapter.errors import InvalidRequestError
-from adapter.protocol import NON_EMPTY_LIST, OpenAIBaseModel, UsageInfo, check_token_ids
+from adapter.protocol import NON_EMPTY_LIST, OpenAIRequest, UsageInfo, check_token_ids
 
 
-class GenerativeScoringRequest(OpenAIBaseModel):
+class GenerativeScoringRequest(OpenAIRequest):
     """How likely each label token is to come next after query + item, for every item.
 
     Each item is one `llm` request (MAX_TOKENS 1, LOGPROB_TOKEN_IDS = the label ids), all in

@@ -9,11 +9,11 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from adapter.chat.protocol import ChatMessage
 from adapter.errors import InvalidRequestError
-from adapter.protocol import OpenAIBaseModel, check_token_ids
+from adapter.protocol import OpenAIRequest, check_token_ids
 from adapter.tensors import TritonRequest
 
 
-class TokenizeRequest(OpenAIBaseModel):
+class TokenizeRequest(OpenAIRequest):
     """vLLM's two tokenize bodies in one: `prompt` (TokenizeCompletionRequest) or chat
     `messages` (TokenizeChatRequest), tokenized by `preprocessing` as generation would."""
 
@@ -79,7 +79,7 @@ class TokenizeResponse(BaseModel):
     token_strs: list[str] | None = None
 
 
-class DetokenizeRequest(OpenAIBaseModel):
+class DetokenizeRequest(OpenAIRequest):
     model: str | None = Field(default=None, description="Served model id; null: the only one.")
     tokens: list[int] = Field(description="Token ids; special tokens come back as their text.")
 

@@ -330,7 +330,8 @@ class OpenAIServing:
     ) -> AsyncIterator[str]:
         """SSE lines: a `response` chunk for each `lead` choice, then one per model response
         and choice (`choice` makes the choice object; None skips the response), usage summed
-        over the choices when asked, [DONE].
+        over the choices when asked, [DONE]. Under `continuous_usage_stats` the lead chunks
+        carry the prompt's usage with no completion tokens yet, as in vLLM.
 
         An error becomes an error event. A client disconnect cancels the task iterating this
         generator; closing the merged streams then cancels the Triton requests.
@@ -352,11 +353,15 @@ class OpenAIServing:
 
         continuous_usage = bool(options and options.continuous_usage_stats)
         finals: list[TritonOutput | None] = [None] * len(streams)
+        lead_sent = not lead
         try:
-            for lead_choice in lead:
-                yield chunk([lead_choice])
             async with aclosing(merge_streams(streams)) as merged:
                 async for index, output in merged:
+                    if not lead_sent:  # every stream has answered: the prompt's size is known
+                        lead_sent = True
+                        prompt = UsageInfo.from_counts(output.prompt_tokens, 0)
+                        for lead_choice in lead:
+                            yield chunk([lead_choice], prompt if continuous_usage else None)
                     if output.final:
                         finals[index] = output
                     made = choice(index, output)

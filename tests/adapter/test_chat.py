@@ -259,6 +259,17 @@ def test_echo_streams_the_prefix_after_the_role(engine: FakeEngine, client: Test
     ]
 
 
+def test_continuous_usage_starts_with_the_prompt_on_the_lead_chunks(
+    engine: FakeEngine, client: TestClient
+) -> None:
+    """The role and echo chunks carry the prompt's usage with no completion yet (vLLM)."""
+    engine.script = EXPLICIT_SCRIPT
+    options = {"continuous_usage_stats": True}
+    events = stream(client, messages=ASSISTANT_PREFIX, echo=True, stream_options=options)
+    usage = [(e["usage"]["prompt_tokens"], e["usage"]["completion_tokens"]) for e in events[:-1]]
+    assert usage == [(3, 0), (3, 0), (3, 1), (3, 2)]
+
+
 def test_n_choices_stream_with_their_index(engine: FakeEngine, client: TestClient) -> None:
     engine.script = EXPLICIT_SCRIPT
     body = {"n": 2, "seed": 7, "logprobs": True, "stream_options": {"include_usage": True}}

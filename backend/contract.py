@@ -21,6 +21,11 @@ DEFAULT_MAX_NUM_SEQS = 16
 """`llm`'s `max_num_seqs` (sequences generating at once) when config.pbtxt does not set it."""
 DEFAULT_MAX_QUEUE_SIZE = 256
 """`llm`'s `max_queue_size` (requests waiting for a slot) when config.pbtxt does not set it."""
+MAX_STOP_STRINGS = 64
+"""The most STOP strings a request may hold: each is searched after every token on the engine
+thread, which all sequences share (OpenAI allows 4; 200k slowed another request 6x)."""
+MAX_STOP_STRING_CHARS = 1024
+"""The longest STOP string: a stop string's length less one is held back from the stream."""
 NEG_INF_LOGPROB = -9999.0
 """-inf cannot travel through JSON clients; vLLM and this contract send it as -9999.0."""
 

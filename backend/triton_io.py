@@ -22,6 +22,8 @@ from backend.contract import (
     LOGPROB_TOKEN_IDS,
     LOGPROB_TOKEN_LOGPROBS,
     LOGPROBS,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
     MAX_TOKENS,
     MIN_TOKENS,
     NEG_INF_LOGPROB,
@@ -142,7 +144,7 @@ def parse_request(
             raise InvalidInputError(TOP_K, f"must be >= 0 (or -1 for off), got {top_k}")
         params.top_k = max(top_k, 0)
     params.seed = _scalar(arrays, SEED, "iu")
-    params.stop = [s for s in _strings(arrays, STOP) if s]
+    params.stop = _stop_strings(arrays)
     stop_ids = _int_list(arrays, STOP_TOKEN_IDS) or []
     _check_ids(STOP_TOKEN_IDS, stop_ids, limits.vocab_size)
     params.stop_token_ids = stop_ids
@@ -156,6 +158,19 @@ def parse_request(
     _parse_logits_processing(arrays, params, limits)
     params.structured_output = _structured_output(arrays)
     return params
+
+
+def _stop_strings(arrays: Mapping[str, np.ndarray]) -> list[str]:
+    stops = [s for s in _strings(arrays, STOP) if s]
+    if len(stops) > MAX_STOP_STRINGS:
+        raise InvalidInputError(STOP, f"holds {len(stops)} strings, at most {MAX_STOP_STRINGS}")
+    longest = max(stops, key=len, default="")
+    if len(longest) > MAX_STOP_STRING_CHARS:
+        raise InvalidInputError(
+            STOP,
+            f"a string has {len(longest)} characters, at most {MAX_STOP_STRING_CHARS}",
+        )
+    return stops
 
 
 def _structured_output(arrays: Mapping[str, np.ndarray]) -> StructuredOutput | None:

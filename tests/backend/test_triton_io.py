@@ -301,6 +301,16 @@ def test_edge_values_that_are_valid() -> None:
             "unexpected dtype",
         ),
         (
+            {contract.STOP: strings(*(b"s%d" % i for i in range(65)))},
+            contract.STOP,
+            "holds 65 strings, at most 64",
+        ),
+        (
+            {contract.STOP: strings(b"\n", b"x" * 1025)},
+            contract.STOP,
+            "a string has 1025 characters, at most 1024",
+        ),
+        (
             {contract.LOGPROB_TOKEN_IDS: np.ones((2, 2), np.int32)},
             contract.LOGPROB_TOKEN_IDS,
             "expected a 1-D tensor, got shape [2, 2]",

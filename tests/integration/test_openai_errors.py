@@ -95,6 +95,7 @@ CASES = [
     (CHAT, chat(repetition_penalty=0), "repetition_penalty", "greater than 0"),
     (COMPLETIONS, completion(min_tokens=3), "min_tokens", "at most the token limit (2)"),
     (COMPLETIONS, completion(stop_token_ids=[9999]), "stop_token_ids", "outside the vocabulary"),
+    (CHAT, chat(stop=[f"s{i}" for i in range(65)]), "stop", "holds 65 strings, at most 64"),
     # prompt_logprob_token_ids (completions; our extension)
     (
         COMPLETIONS,

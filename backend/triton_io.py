@@ -112,6 +112,8 @@ def parse_request(
 ) -> GenerationParams:
     """Input tensors of one request -> validated params; raises InvalidInputError."""
     prompt = _int_list(arrays, INPUT_IDS)
+    if prompt is None:  # config.pbtxt requires it, but Triton 2.51 does not check
+        raise InvalidInputError(INPUT_IDS, "is required")
     if not prompt:
         raise InvalidInputError(INPUT_IDS, "the prompt is empty")
     _check_ids(INPUT_IDS, prompt, limits.vocab_size)

@@ -125,7 +125,7 @@ def test_edge_values_that_are_valid() -> None:
 @pytest.mark.parametrize(
     ("arrays", "parameter", "message"),
     [
-        ({contract.INPUT_IDS: None}, contract.INPUT_IDS, "the prompt is empty"),
+        ({contract.INPUT_IDS: None}, contract.INPUT_IDS, "is required"),
         ({contract.INPUT_IDS: i32()}, contract.INPUT_IDS, "the prompt is empty"),
         (
             {contract.INPUT_IDS: f32(1.0, 2.0)},

@@ -34,6 +34,10 @@ class TritonRequest:
     """Token-id prompt (INPUT_IDS of `llm`)."""
     add_special_tokens: bool | None = None
     """Text and chat prompts only (the tokenizer runs inside Triton)."""
+    add_generation_prompt: bool | None = None
+    """Chat only: end the rendered chat with the assistant's header (the model's default)."""
+    continue_final_message: bool | None = None
+    """Chat only: leave the final message open for the model to continue."""
     max_tokens: int | None = None
     max_tokens_parameter: str | None = None
     """The request field `max_tokens` came from, when the caller set it: then the prompt and
@@ -116,8 +120,14 @@ def preprocessing_inputs(params: TritonRequest) -> dict[str, np.ndarray]:
     else:
         messages = list(params.messages or ())
         arrays[contract.MESSAGES] = _strings([json.dumps(messages, ensure_ascii=False)])
-    if params.add_special_tokens is not None:
-        arrays[contract.ADD_SPECIAL_TOKENS] = _scalar(params.add_special_tokens, np.bool_)
+    flags = [
+        (contract.ADD_SPECIAL_TOKENS, params.add_special_tokens),
+        (contract.ADD_GENERATION_PROMPT, params.add_generation_prompt),
+        (contract.CONTINUE_FINAL_MESSAGE, params.continue_final_message),
+    ]
+    for name, flag in flags:
+        if flag is not None:
+            arrays[name] = _scalar(flag, np.bool_)
     return arrays
 
 

@@ -51,6 +51,8 @@ INPUT_IDS = _tensor("INPUT_IDS", "INT32", -1)  # also preprocessing's output
 TEXT_INPUT = _tensor("TEXT_INPUT", "STRING", 1)
 MESSAGES = _tensor("MESSAGES", "STRING", 1)  # a JSON list of chat messages
 ADD_SPECIAL_TOKENS = _tensor("ADD_SPECIAL_TOKENS", "BOOL", 1)
+ADD_GENERATION_PROMPT = _tensor("ADD_GENERATION_PROMPT", "BOOL", 1)  # MESSAGES only
+CONTINUE_FINAL_MESSAGE = _tensor("CONTINUE_FINAL_MESSAGE", "BOOL", 1)  # MESSAGES only
 MAX_TOKENS = _tensor("MAX_TOKENS", "INT32", 1)
 TEMPERATURE = _tensor("TEMPERATURE", "FP32", 1)
 TOP_P = _tensor("TOP_P", "FP32", 1)
@@ -99,7 +101,13 @@ PROMPT_LOGPROB_TOKEN_BYTES = _tensor("PROMPT_LOGPROB_TOKEN_BYTES", "STRING", -1)
 TOKEN_BYTES = _tensor("TOKEN_BYTES", "STRING", -1)  # preprocessing: the bytes of INPUT_IDS
 
 # --- groups ------------------------------------------------------------------------------------
-PROMPT_INPUTS = (TEXT_INPUT, MESSAGES, ADD_SPECIAL_TOKENS)
+PROMPT_INPUTS = (
+    TEXT_INPUT,
+    MESSAGES,
+    ADD_SPECIAL_TOKENS,
+    ADD_GENERATION_PROMPT,
+    CONTINUE_FINAL_MESSAGE,
+)
 """What `preprocessing` turns into INPUT_IDS."""
 GENERATION_INPUTS = (
     MAX_TOKENS,

@@ -10,6 +10,8 @@ from jinja2 import TemplateError
 from transformers import AutoConfig, AutoTokenizer
 
 from backend.contract import (
+    ADD_GENERATION_PROMPT,
+    CONTINUE_FINAL_MESSAGE,
     INPUT_IDS,
     MESSAGES,
     TEXT_INPUT,
@@ -65,10 +67,19 @@ class Preprocessor:
         messages: np.ndarray | None,
         add_special_tokens: bool | None = None,
         input_ids: np.ndarray | None = None,
+        *,
+        add_generation_prompt: bool | None = None,
+        continue_final_message: bool | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """(INPUT_IDS, TOKEN_BYTES) of a text, chat or token-id input (exactly one of them)."""
         if input_ids is None:
-            ids = self.to_ids(text, messages, add_special_tokens)
+            ids = self.to_ids(
+                text,
+                messages,
+                add_special_tokens,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+            )
         elif text is not None or messages is not None:
             raise InvalidInputError(INPUT_IDS, f"give {INPUT_IDS} alone, not with a prompt")
         else:
@@ -88,24 +99,46 @@ class Preprocessor:
         text: np.ndarray | None,
         messages: np.ndarray | None,
         add_special_tokens: bool | None = None,
+        *,
+        add_generation_prompt: bool | None = None,
+        continue_final_message: bool | None = None,
     ) -> np.ndarray:
-        """INT32 prompt ids. Chat renders the template with the generation prompt; the template
-        writes its own special tokens, so none are added by default."""
+        """INT32 prompt ids. Chat renders the template, by default with the generation prompt
+        (vLLM's `add_generation_prompt`), or leaving the final message open for the model to
+        continue (`continue_final_message`); the template writes its own special tokens, so
+        none are added by default."""
         if (text is None) == (messages is None):
             raise InvalidInputError(
                 TEXT_INPUT, f"give exactly one of {TEXT_INPUT}, {MESSAGES}, {INPUT_IDS}"
             )
         if text is not None:
+            for name, flag in [
+                (ADD_GENERATION_PROMPT, add_generation_prompt),
+                (CONTINUE_FINAL_MESSAGE, continue_final_message),
+            ]:
+                if flag is not None:
+                    raise InvalidInputError(name, f"applies to {MESSAGES} only")
             prompt = _one_string(TEXT_INPUT, text)
             add = True if add_special_tokens is None else add_special_tokens
         elif messages is not None:
+            generation_prompt = True if add_generation_prompt is None else add_generation_prompt
+            if continue_final_message and generation_prompt:
+                raise InvalidInputError(
+                    CONTINUE_FINAL_MESSAGE,
+                    f"needs {ADD_GENERATION_PROMPT} false: the final message is continued, "
+                    "no new one is started",
+                )
+            conversation = _messages(_one_string(MESSAGES, messages))
             try:
                 rendered = self.tokenizer.apply_chat_template(
-                    _messages(_one_string(MESSAGES, messages)),
-                    add_generation_prompt=True,
+                    conversation,
+                    add_generation_prompt=generation_prompt,
+                    continue_final_message=bool(continue_final_message),
                     tokenize=False,
                 )
-            except TemplateError as exc:  # e.g. "Conversation roles must alternate ..."
+            except (TemplateError, ValueError) as exc:
+                # e.g. "Conversation roles must alternate ...", or a final message the
+                # template rewrites, so that it cannot be left open
                 raise InvalidInputError(MESSAGES, f"the chat template refused them: {exc}") from exc
             prompt = str(rendered)  # tokenize=False: the template's text
             add = bool(add_special_tokens)

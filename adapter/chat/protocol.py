@@ -115,6 +115,16 @@ class ChatCompletionRequest(GenerationRequest):
     web_search_options: dict[str, Any] | None = Field(default=None, description="Not supported.")
 
     # vLLM extension
+    add_generation_prompt: bool | None = Field(
+        default=True,
+        description="vLLM: end the rendered chat with the assistant's header, so that the model "
+        "writes a new message.",
+    )
+    continue_final_message: bool | None = Field(
+        default=False,
+        description="vLLM: leave the final message open, so that the model continues it (an "
+        'assistant prefix such as "The answer is"); needs `add_generation_prompt: false`.',
+    )
     echo: bool | None = Field(
         default=False,
         description="vLLM: when the last message is the assistant's, its content is returned "
@@ -135,8 +145,6 @@ class ChatCompletionRequest(GenerationRequest):
         "web_search_options": (),
         "use_beam_search": (False,),
         "prompt_logprob_token_ids": (),  # completions only: it needs `echo` of the prompt
-        "add_generation_prompt": (True,),
-        "continue_final_message": (False,),
         "chat_template": (),
         "chat_template_kwargs": ({},),
         "documents": (),
@@ -192,6 +200,8 @@ class ChatCompletionRequest(GenerationRequest):
         params = replace(
             sampling,
             messages=tuple(message.to_template() for message in self.messages),
+            add_generation_prompt=self.add_generation_prompt,
+            continue_final_message=self.continue_final_message,
             max_tokens=(default_max_tokens or INT32_MAX) if limit is None else limit,
             max_tokens_parameter=None if limit is None else self.token_limit_parameter(),
             logprobs=logprobs,

@@ -66,6 +66,8 @@ class OpenAIServingChat(OpenAIServing):
     tensor_params: ClassVar[Mapping[str, str]] = {
         **SAMPLING_TENSOR_PARAMS,
         contract.MESSAGES: "messages",
+        contract.ADD_GENERATION_PROMPT: "add_generation_prompt",
+        contract.CONTINUE_FINAL_MESSAGE: "continue_final_message",
         contract.INPUT_IDS: "messages",
         contract.LOGPROBS: "top_logprobs",
     }

@@ -36,13 +36,16 @@ class TokenizeRequest(OpenAIRequest):
         "part of a character; special tokens as their text), not the tokenizer's own pieces.",
     )
     add_generation_prompt: bool | None = Field(
-        default=True, description="Only true: the template always ends with the generation prompt."
+        default=True,
+        description="`messages` only: end the rendered chat with the assistant's header.",
     )
-    continue_final_message: bool | None = Field(default=False, description="Only false.")
+    continue_final_message: bool | None = Field(
+        default=False,
+        description="`messages` only: leave the final message open for the model to continue; "
+        "needs `add_generation_prompt: false`.",
+    )
 
     unsupported: ClassVar[Mapping[str, tuple[Any, ...]]] = {
-        "add_generation_prompt": (True,),
-        "continue_final_message": (False,),
         "chat_template": (),
         "chat_template_kwargs": ({},),
         "media_io_kwargs": (),
@@ -61,12 +64,13 @@ class TokenizeRequest(OpenAIRequest):
 
     def to_generation_params(self) -> TritonRequest:
         """The `preprocessing` inputs that generation would send for this prompt."""
+        if self.messages is None:
+            return TritonRequest(text=self.prompt, add_special_tokens=self.add_special_tokens)
         return TritonRequest(
-            text=self.prompt,
-            messages=None
-            if self.messages is None
-            else tuple(message.to_template() for message in self.messages),
+            messages=tuple(message.to_template() for message in self.messages),
             add_special_tokens=self.add_special_tokens,
+            add_generation_prompt=self.add_generation_prompt,
+            continue_final_message=self.continue_final_message,
         )
 
 

@@ -27,6 +27,8 @@ class OpenAIServingTokenization(OpenAIServing):
         contract.TEXT_INPUT: "prompt",
         contract.MESSAGES: "messages",
         contract.ADD_SPECIAL_TOKENS: "add_special_tokens",
+        contract.ADD_GENERATION_PROMPT: "add_generation_prompt",
+        contract.CONTINUE_FINAL_MESSAGE: "continue_final_message",
         contract.INPUT_IDS: "tokens",
     }
 

@@ -79,6 +79,7 @@ def test_top_logprobs_with_real_bytes(engine: FakeEngine, client: TestClient) ->
     ]
     params, _ = engine.requests[0]
     assert params.messages == ({"role": "user", "content": "Hi"},)
+    assert (params.add_generation_prompt, params.continue_final_message) == (True, False)
     assert params.logprobs == 2
     assert params.max_tokens == 64  # the fake's context: chat has no default limit
 

@@ -120,6 +120,13 @@ def test_preprocessing_inputs_for_text_and_messages() -> None:
     assert chat[contract.MESSAGES].shape == (1,)
     assert json.loads(chat[contract.MESSAGES][0].decode()) == [{"role": "user", "content": "¿Qué?"}]
 
+    continued = preprocessing_inputs(
+        TritonRequest(messages=messages, add_generation_prompt=False, continue_final_message=True)
+    )
+    flags = [contract.ADD_GENERATION_PROMPT, contract.CONTINUE_FINAL_MESSAGE]
+    assert [continued[name].dtype for name in flags] == [np.bool_, np.bool_]
+    assert [continued[name].tolist() for name in flags] == [[False], [True]]
+
 
 @pytest.mark.parametrize(
     "params",

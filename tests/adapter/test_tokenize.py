@@ -17,6 +17,16 @@ def test_tokenize_a_prompt(engine: FakeEngine, client: TestClient) -> None:
     assert response.json() == {"count": 6, "max_model_len": 64, "tokens": ids, "token_strs": None}
     [params] = engine.tokenized
     assert (params.text, params.messages, params.add_special_tokens) == (TEXT, None, None)
+    # The chat flags are for messages: preprocessing refuses them with a text.
+    assert (params.add_generation_prompt, params.continue_final_message) == (None, None)
+
+
+def test_tokenize_messages_to_continue(engine: FakeEngine, client: TestClient) -> None:
+    messages = [{"role": "assistant", "content": "It is"}]
+    flags = {"add_generation_prompt": False, "continue_final_message": True}
+    assert client.post("/tokenize", json={"messages": messages, **flags}).status_code == 200
+    [params] = engine.tokenized
+    assert (params.add_generation_prompt, params.continue_final_message) == (False, True)
 
 
 def test_tokenize_messages_with_token_strs(engine: FakeEngine, client: TestClient) -> None:
@@ -25,6 +35,7 @@ def test_tokenize_messages_with_token_strs(engine: FakeEngine, client: TestClien
     result = client.post("/tokenize", json=body).json()
     [params] = engine.tokenized
     assert (params.messages, params.add_special_tokens) == (tuple(messages), True)
+    assert (params.add_generation_prompt, params.continue_final_message) == (True, False)
     assert len(result["token_strs"]) == result["count"] == len(result["tokens"])
     # A token holding part of a character reads as U+FFFD (the fake's "é" is two tokens).
     assert result["token_strs"].count("\ufffd") == 2
@@ -59,11 +70,6 @@ def test_tokenize_rules(client: TestClient) -> None:
         ({}, "prompt", "exactly one of `prompt` and `messages`"),
         ({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt", "exactly one"),
         ({"messages": [], "prompt": None}, "messages", "at least 1 item"),
-        (
-            {"messages": [{"role": "user", "content": "b"}], "add_generation_prompt": False},
-            "add_generation_prompt",
-            "not supported",
-        ),
         ({"prompt": "a", "chat_template": "{{ x }}"}, "chat_template", "not supported"),
     ]
     for body, param, message in cases:

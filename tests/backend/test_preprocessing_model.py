@@ -12,7 +12,9 @@ import pytest
 from jinja2 import TemplateError
 
 from backend.contract import (
+    ADD_GENERATION_PROMPT,
     ADD_SPECIAL_TOKENS,
+    CONTINUE_FINAL_MESSAGE,
     INPUT_IDS,
     MESSAGES,
     TEXT_INPUT,
@@ -89,6 +91,38 @@ def test_messages_are_rendered_with_the_chat_template(
     assert ids.count(im_end) == 2
 
 
+PREFILLED = [{"role": "user", "content": "Is it?"}, {"role": "assistant", "content": "It is"}]
+
+
+@pytest.mark.parametrize(
+    ("flags", "rendered"),
+    [
+        (
+            {},
+            "<|im_start|>user\nIs it?<|im_end|>\n<|im_start|>assistant\nIt is<|im_end|>\n"
+            "<|im_start|>assistant\n",
+        ),
+        (
+            {ADD_GENERATION_PROMPT: False},
+            "<|im_start|>user\nIs it?<|im_end|>\n<|im_start|>assistant\nIt is<|im_end|>\n",
+        ),
+        (
+            {ADD_GENERATION_PROMPT: False, CONTINUE_FINAL_MESSAGE: True},
+            "<|im_start|>user\nIs it?<|im_end|>\n<|im_start|>assistant\nIt is",
+        ),
+    ],
+)
+def test_chat_flags_choose_how_the_rendered_chat_ends(
+    preprocessing_model: Any, model_dir: Path, flags: dict[str, bool], rendered: str
+) -> None:
+    """vLLM's add_generation_prompt and continue_final_message: a new assistant turn, none, or
+    the final message left open for the model to continue."""
+    arrays = {name: np.array([flag]) for name, flag in flags.items()}
+    request = FakeRequest({MESSAGES: string(json.dumps(PREFILLED)), **arrays})
+    [response] = preprocessing_model.execute([request])
+    assert ids_of(response) == tokenizer(model_dir)(rendered, add_special_tokens=False)["input_ids"]
+
+
 def test_add_special_tokens_is_forwarded(preprocessing_model: Any, model_dir: Path) -> None:
     # The test tokenizer adds no BOS, so both settings give the plain ids; the flag must parse.
     for flag in (True, False):
@@ -114,6 +148,15 @@ def test_add_special_tokens_is_forwarded(preprocessing_model: Any, model_dir: Pa
         ),
         ({MESSAGES: string("[" * 100_000 + "]" * 100_000)}, "MESSAGES: is nested too deeply"),
         ({TEXT_INPUT: string(b"\xff")}, "TEXT_INPUT: is not valid UTF-8"),
+        (
+            {MESSAGES: string(json.dumps(PREFILLED)), CONTINUE_FINAL_MESSAGE: np.array([True])},
+            "CONTINUE_FINAL_MESSAGE: needs ADD_GENERATION_PROMPT false: the final message is "
+            "continued, no new one is started",
+        ),
+        (
+            {TEXT_INPUT: string("hi"), ADD_GENERATION_PROMPT: np.array([False])},
+            "ADD_GENERATION_PROMPT: applies to MESSAGES only",
+        ),
     ],
 )
 def test_bad_input_is_invalid_arg_and_the_batch_is_still_answered(
@@ -137,13 +180,19 @@ def test_bad_input_is_invalid_arg_and_the_batch_is_still_answered(
     assert ids_of(after) == tokenizer(model_dir)("after")["input_ids"]
 
 
+@pytest.mark.parametrize("error", [TemplateError, ValueError])
 def test_a_chat_template_s_refusal_is_invalid_arg(
-    preprocessing_model: Any, pb_utils: ModuleType, monkeypatch: pytest.MonkeyPatch
+    preprocessing_model: Any,
+    pb_utils: ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    error: type[Exception],
 ) -> None:
-    """Templates raise on what they refuse (Llama 2's: "Conversation roles must alternate")."""
+    """Templates raise on what they refuse (Llama 2's: "Conversation roles must alternate");
+    transformers raises ValueError on a final message that a template rewrites, which then
+    cannot be continued."""
 
     def refuse(*args: Any, **kwargs: Any) -> str:
-        raise TemplateError("Conversation roles must alternate user/assistant/user/assistant")
+        raise error("Conversation roles must alternate user/assistant/user/assistant")
 
     tokenizer = preprocessing_model.preprocessor.tokenizer
     monkeypatch.setattr(tokenizer, "apply_chat_template", refuse)

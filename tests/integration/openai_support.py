@@ -43,10 +43,18 @@ def text_prompt_ids(model_dir: Path, prompt: str) -> list[int]:
     return tokenizer(model_dir)(prompt)["input_ids"]
 
 
-def chat_prompt_ids(model_dir: Path, messages: list[dict[str, str]]) -> list[int]:
-    """What `preprocessing` makes of chat messages: the template with the generation prompt."""
+def chat_prompt_ids(
+    model_dir: Path, messages: list[dict[str, str]], *, continue_final_message: bool = False
+) -> list[int]:
+    """What `preprocessing` makes of chat messages: the template with the generation prompt,
+    or with the final message left open."""
     tok = tokenizer(model_dir)
-    rendered = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    rendered = tok.apply_chat_template(
+        messages,
+        add_generation_prompt=not continue_final_message,
+        continue_final_message=continue_final_message,
+        tokenize=False,
+    )
     return tok(rendered, add_special_tokens=False)["input_ids"]
 
 

@@ -109,6 +109,38 @@ def test_logprob_token_ids(openai_client: openai.OpenAI, triton_server, model_di
     assert_near_reference(model_dir, chat_prompt_ids(model_dir, MESSAGES), ids, positions)
 
 
+def test_continue_final_message_scores_labels_after_an_assistant_prefix(
+    openai_client: openai.OpenAI, http: httpx.Client, model_dir
+) -> None:
+    """The label-scoring prompt: the assistant's message is left open ("The answer is") and
+    the ids' logprobs are those of the tokens that continue it."""
+    messages = [*MESSAGES, {"role": "assistant", "content": "The answer is"}]
+    flags = {"add_generation_prompt": False, "continue_final_message": True}
+    prompt_ids = chat_prompt_ids(model_dir, messages, continue_final_message=True)
+    assert prompt_ids[-3:] != chat_prompt_ids(model_dir, messages)[-3:]
+    tokenized = http.post("/tokenize", json={"messages": messages, **flags}).json()
+    assert tokenized["tokens"] == prompt_ids
+    labels = [5, 900, 1001]
+    response = openai_client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_completion_tokens=3,
+        temperature=0,
+        logprobs=True,
+        extra_body={**flags, "logprob_token_ids": labels, "return_tokens_as_token_ids": True},
+    )
+    assert response.usage is not None and response.usage.prompt_tokens == len(prompt_ids)
+    content = response.choices[0].logprobs.content
+    ids = [token_id(e.token) for e in content]
+    assert_near_reference(model_dir, prompt_ids, ids, explicit_positions(content, labels))
+    both = http.post(
+        "/v1/chat/completions",
+        json={"model": MODEL, "messages": messages, "continue_final_message": True},
+    )
+    assert both.status_code == 400
+    assert both.json()["error"]["param"] == "continue_final_message"
+
+
 async def test_stream_joins_to_the_full_response(
     async_openai_client: openai.AsyncOpenAI,
 ) -> None:

@@ -7,7 +7,9 @@ import triton_python_backend_utils as pb_utils
 
 from backend.config import preprocessing_model_path
 from backend.contract import (
+    ADD_GENERATION_PROMPT,
     ADD_SPECIAL_TOKENS,
+    CONTINUE_FINAL_MESSAGE,
     INPUT_IDS,
     MESSAGES,
     TEXT_INPUT,
@@ -22,6 +24,11 @@ def _input(request, name: str):
     return None if tensor is None else tensor.as_numpy()
 
 
+def _flag(request, name: str) -> bool | None:
+    value = _input(request, name)
+    return None if value is None else bool(value.reshape(-1)[0])
+
+
 class TritonPythonModel:
     def initialize(self, args) -> None:
         model_config = json.loads(args["model_config"])
@@ -32,13 +39,14 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
-            add_special = _input(request, ADD_SPECIAL_TOKENS)
             try:
                 ids, token_bytes = self.preprocessor.run(
                     _input(request, TEXT_INPUT),
                     _input(request, MESSAGES),
-                    None if add_special is None else bool(add_special.reshape(-1)[0]),
+                    _flag(request, ADD_SPECIAL_TOKENS),
                     _input(request, INPUT_IDS),
+                    add_generation_prompt=_flag(request, ADD_GENERATION_PROMPT),
+                    continue_final_message=_flag(request, CONTINUE_FINAL_MESSAGE),
                 )
             except InvalidInputError as exc:
                 error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from backend.context_length import served_context_length
 from backend.contract import DEFAULT_MAX_NUM_SEQS
 from backend.fast_decode import FastDecoder, unsupported_reason
 from backend.kv_cache import SlotKVCache, bytes_per_slot
@@ -63,6 +64,52 @@ def column_major_lm_head(model: Any) -> None:
     head.weight = torch.nn.Parameter(weight.detach().t().contiguous().t(), requires_grad=False)
 
 
+class AttentionMasks:
+    """The additive masks a forward attends with. transformers uses a prepared 4D mask as it is,
+    so a sliding window must be in it: the layers that have one (all, or those `layer_types`
+    names "sliding_attention", which then take a mask per type) see no key `sliding_window` or
+    more positions back."""
+
+    _KINDS = frozenset({"full_attention", "sliding_attention"})
+
+    def __init__(self, config: Any, dtype: torch.dtype, device: torch.device) -> None:
+        config = config.get_text_config()
+        layer_types = getattr(config, "layer_types", None)
+        kinds = set(layer_types) if isinstance(layer_types, list) else set()
+        if kinds - self._KINDS:
+            raise ValueError(
+                f"attention layer types {sorted(kinds - self._KINDS)} are not supported"
+            )
+        self.window: int | None = getattr(config, "sliding_window", None) or None
+        self._per_kind = self.window is not None and "sliding_attention" in kinds
+        self._dtype, self._device = dtype, device
+        self._min = torch.finfo(dtype).min
+
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(allowed.shape, dtype=self._dtype, device=self._device)
+        return mask.masked_fill_(~allowed, self._min).unsqueeze(1)
+
+    def __call__(
+        self, query_positions: torch.Tensor, kv_len: int
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """Masks [B, 1, Q, kv_len] for queries at `query_positions` [B, Q] over keys 0..kv_len-1."""
+        if self.window is None:
+            return self.causal(query_positions, kv_len)
+        distance = self._distance(query_positions, kv_len)
+        windowed = self._additive((distance >= 0) & (distance < self.window))
+        if self._per_kind:
+            return {"full_attention": self._additive(distance >= 0), "sliding_attention": windowed}
+        return windowed
+
+    def causal(self, query_positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """The mask without a window: every earlier key."""
+        return self._additive(self._distance(query_positions, kv_len) >= 0)
+
+    def _distance(self, query_positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """[B, Q, K]: how many positions back each key is from each query."""
+        return query_positions.unsqueeze(-1) - torch.arange(kv_len, device=self._device)
+
+
 class ModelRunner:
     """The model and its slot KV cache; rows of a decode batch are slots 0..B-1 (kv_cache.py)."""
 
@@ -88,8 +135,8 @@ class ModelRunner:
         config = self.model.config
         self.vocab_size = int(config.vocab_size)
         self.eos_ids = eos_token_ids(model_path, self.tokenizer)
-        context = int(getattr(config, "max_position_embeddings", 0) or 0)
-        self.max_model_len = min(n for n in (max_model_len, context) if n > 0)
+        self.max_model_len = served_context_length(config, max_model_len)
+        self._masks = AttentionMasks(config, self.dtype, self.device)
         per_slot = bytes_per_slot(config, self.max_model_len, self.dtype)
         slots = max_num_seqs
         if kv_cache_bytes > 0:
@@ -105,11 +152,44 @@ class ModelRunner:
         # image's, which would silently ignore `cache`; docs/design.md, "The prepared GPU check").
         forward = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in forward else "past_key_values"
-        self._mask_min = torch.finfo(self.dtype).min
         self.fast_decode_off_reason = (
             unsupported_reason(self.model) if fast_decode else "fast_decode is off"
         )
         self._fast = None if self.fast_decode_off_reason else FastDecoder(self.model, self.cache)
+        self._check_against_plain_forward()
+
+    def _check_against_plain_forward(self) -> None:
+        """Refuses, at load, a model this runner does not serve as its own forward computes it:
+        one whose layers need more than the slot cache and a 4D mask give them (ALiBi models
+        build their biases from a 2-D padding mask, for one). A prefill and two decode steps
+        against the plain forward over the same 8 tokens; values are compared in float32 only,
+        where the two orders of computation agree to ~1e-5 (lower precisions differ by more
+        than a broken model might)."""
+        ids = [i % self.vocab_size for i in range(1, 9)]
+        try:
+            got = torch.cat(
+                [
+                    self.prefill(0, ids[:6], all_positions=True),
+                    self.decode([ids[6]], [6]),
+                    self.decode([ids[7]], [7]),
+                ]
+            )
+            with torch.inference_mode():
+                plain = self.model(
+                    input_ids=torch.tensor([ids], device=self.device), use_cache=False
+                )
+        except Exception as exc:
+            raise ValueError(
+                f"{type(self.model).__name__} is not supported by the engine: its forward "
+                f"through the slot KV cache fails: {type(exc).__name__}: {exc}"
+            ) from exc
+        want = plain.logits[0]
+        error = (got - want).abs().max().item()
+        if self.dtype == torch.float32 and not error <= 1e-3 * max(1.0, want.abs().max().item()):
+            raise ValueError(
+                f"{type(self.model).__name__} is not supported by the engine: through the slot KV "
+                f"cache its logits differ from its own forward's by up to {error:.3g}"
+            )
 
     @property
     def num_slots(self) -> int:
@@ -126,13 +206,11 @@ class ModelRunner:
         self.cache.plan_prefill(slot, length)
         if self._fast is not None:
             return self._fast.prefill(ids[0], all_positions)
-        causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril()
-        mask = torch.zeros(1, 1, length, length, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~causal, self._mask_min)
+        positions = torch.arange(length, device=self.device).unsqueeze(0)
         out = self.model(
             input_ids=ids,
-            position_ids=torch.arange(length, device=self.device).unsqueeze(0),
-            attention_mask=mask,
+            position_ids=positions,
+            attention_mask=self._masks(positions, length),
             **{self._cache_arg: self.cache},
             use_cache=True,
             logits_to_keep=0 if all_positions else 1,
@@ -152,19 +230,18 @@ class ModelRunner:
         before the forward."""
         pos = torch.tensor(positions, device=self.device)
         kv_len = max(positions) + 1
-        visible = torch.arange(kv_len, device=self.device).unsqueeze(0) <= pos.unsqueeze(1)
-        mask = torch.zeros(len(tokens), 1, 1, kv_len, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~visible[:, None, None, :], self._mask_min)
         self.cache.plan_decode(pos, kv_len)
         ids = torch.tensor(tokens, device=self.device)
-        if self._fast is not None:
-            return self._fast(ids, pos, mask, before_lm_head)
+        if self._fast is not None:  # a model without a sliding window
+            return self._fast(
+                ids, pos, self._masks.causal(pos.unsqueeze(1), kv_len), before_lm_head
+            )
         if before_lm_head is not None:
             before_lm_head()
         out = self.model(
             input_ids=ids.unsqueeze(1),
             position_ids=pos.unsqueeze(1),
-            attention_mask=mask,
+            attention_mask=self._masks(pos.unsqueeze(1), kv_len),
             **{self._cache_arg: self.cache},
             use_cache=True,
         )

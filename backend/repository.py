@@ -7,10 +7,11 @@ copy so the source tree stays untouched.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
+
+from backend.context_length import served_context_length
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "model_repository"
 _PARAMETER = re.compile(r'(parameters \{ key: "(\w+)" value: \{ string_value: ")([^"]*)(" \} \})')
@@ -32,14 +33,15 @@ def known_parameters(model: str = "llm", template: Path = TEMPLATE) -> set[str]:
     return {match.group(2) for match in _PARAMETER.finditer(text)}
 
 
-def context_length(model_path: Path) -> int:
-    """`max_position_embeddings` from the model's config.json (0 when absent)."""
-    config_path = Path(model_path) / "config.json"
-    if not config_path.exists():
-        return 0
-    config = json.loads(config_path.read_text())
-    config = config.get("text_config", config)
-    return int(config.get("max_position_embeddings") or 0)
+def context_length(model_path: Path, requested: int) -> int:
+    """The context `llm` will serve the model with (`backend.context_length`, which refuses
+    what the engine cannot serve), so that clients read the limit the engine holds;
+    `requested` where the folder has no config.json yet."""
+    if not (Path(model_path) / "config.json").exists():
+        return requested
+    from transformers import AutoConfig  # the engine's dependency: only where a model is served
+
+    return served_context_length(AutoConfig.from_pretrained(model_path), requested)
 
 
 def write_repository(
@@ -50,8 +52,9 @@ def write_repository(
 ) -> Path:
     """Copy `template` to `dest` (replaced), pointing every model at `model_path`."""
     values = {**(parameters or {}), "model_path": str(Path(model_path).resolve())}
-    if values.get("max_model_len", "0") == "0" and (context := context_length(model_path)):
-        values["max_model_len"] = str(context)  # so clients (the adapter) can read the limit
+    requested = values.get("max_model_len", "0")
+    if requested.isdigit():  # anything else is the engine's config error to report
+        values["max_model_len"] = str(context_length(model_path, int(requested)))
     unknown = set(values) - known_parameters("llm", template) - {"model_path"}
     if unknown:
         raise ValueError(f"unknown llm parameters: {sorted(unknown)}")

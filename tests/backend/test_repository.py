@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from transformers import GPT2Config
 
 from backend.repository import TEMPLATE, known_parameters, set_parameters, write_repository
 from tests.backend.triton_config import config_parameters
@@ -79,6 +80,16 @@ def test_a_relative_model_path_is_made_absolute(
     assert config_parameters("llm", dest)["model_path"] == str(
         (tmp_path / "rel" / "model").resolve()
     )
+
+
+def test_the_served_context_is_written_for_clients(tmp_path: Path) -> None:
+    """The adapter reads `max_model_len` from the config: the context the engine will hold,
+    whatever the model's config calls it (GPT-2: `n_positions`)."""
+    GPT2Config(n_positions=300).save_pretrained(tmp_path / "m")
+    dest = write_repository(tmp_path / "repo", tmp_path / "m")
+    assert config_parameters("llm", dest)["max_model_len"] == "300"
+    with pytest.raises(ValueError, match="max_model_len 301 is more than this model serves: 300"):
+        write_repository(tmp_path / "repo", tmp_path / "m", {"max_model_len": "301"})
 
 
 def test_unknown_parameters_are_refused_and_nothing_is_written(tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -14,6 +16,8 @@ from backend.contract import (
     MAX_TOP_K,
 )
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+"""`auto` is bfloat16 on CUDA and float32 on CPU (`backend.model_runner.resolve_dtype`)."""
 RESTARTS_ENV = "LLM_SERVER_RESTARTS"
 """How often the launcher has restarted tritonserver after a fault; the `llm` model reports it
 (`llm_server_restarts_total`), since Triton's own counters start again at 0 with the server."""
@@ -79,17 +83,39 @@ class LLMConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.max_logprobs <= MAX_TOP_K:
             raise ValueError(f"max_logprobs must be in [0, {MAX_TOP_K}], got {self.max_logprobs}")
-        for name in ("max_tokens_per_response", "stream_interval_ms"):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        for name in (
+            "max_model_len",
+            "num_threads",
+            "kv_cache_memory_mb",
+            "max_logprob_token_ids",
+            "max_tokens_per_response",
+            "stream_interval_ms",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("stream_interval_tokens", "grammar_cache_size", "grammar_compile_timeout_ms"):
+        for name in (
+            "max_num_seqs",
+            "max_queue_size",
+            "stream_interval_tokens",
+            "grammar_cache_size",
+            "grammar_compile_timeout_ms",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     @classmethod
     def from_model_config(cls, model_config: dict[str, Any], model_repository: str) -> LLMConfig:
         """`model_repository` is Triton's `args["model_repository"]` (the model's own folder)."""
-        params = _parameters(model_config)
+        return cls.from_parameters(_parameters(model_config), model_repository)
+
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, str], model_repository: str) -> LLMConfig:
+        """The config of these parameter values; ValueError naming the first bad one (the
+        launcher checks them so before tritonserver starts)."""
         if not params.get("model_path"):
             raise ValueError("config.pbtxt parameter `model_path` is required")
         values: dict[str, Any] = {}
@@ -101,7 +127,12 @@ class LLMConfig:
             if types[field.name] is bool:
                 values[field.name] = _boolean(raw, field.name)
             elif types[field.name] is int:
-                values[field.name] = int(raw)
+                try:
+                    values[field.name] = int(raw)
+                except ValueError:
+                    raise ValueError(
+                        f"config.pbtxt parameter `{field.name}` must be an integer, got {raw!r}"
+                    ) from None
             else:
                 values[field.name] = raw
         return cls(model_path=resolve_model_path(params["model_path"], model_repository), **values)

@@ -74,7 +74,9 @@ def build_engine(config: LLMConfig, on_stats: Callable[[EngineStats], None] | No
         runner,
         max_logprobs=config.max_logprobs,
         max_logprob_token_ids=config.max_logprob_token_ids,
-        max_queue_size=config.max_queue_size,
+        # Slots a smaller kv_cache_memory_mb leaves out become queue places: the adapter admits
+        # max_num_seqs + max_queue_size model requests at once, reading both from the config.
+        max_queue_size=config.max_queue_size + config.max_num_seqs - runner.num_slots,
         on_stats=on_stats,
         grammar_cache_size=config.grammar_cache_size,
         grammar_compile_timeout_s=config.grammar_compile_timeout_ms / 1000,

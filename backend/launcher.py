@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help=f"llm config parameter, one of {sorted(known_parameters())}",
+        help=f"llm config parameter, one of {sorted(known_parameters() - {'model_path'})}",
     )
     add("--adapter-host", default="0.0.0.0", help="address the OpenAI adapter binds")
     add("--adapter-port", type=int, default=9000, help="0 = do not start the adapter")
@@ -84,7 +84,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "ADAPTER_API_KEY from the environment, else none. The variable keeps it out of the "
         "process list",
     )
-    add("--ready-timeout", type=float, default=300.0)
+    add(
+        "--ready-timeout",
+        type=float,
+        default=300.0,
+        help="seconds tritonserver and the adapter have to become ready at start",
+    )
     defaults = RestartPolicy()
     add(
         "--max-restarts",
@@ -108,10 +113,14 @@ def _parameters(pairs: list[str]) -> dict[str, str]:
 
 
 def build_server(args: argparse.Namespace) -> TritonServer:
+    parameters = _parameters(args.set)
+    if "model_path" in parameters:
+        raise SystemExit("--set model_path: give the model with --model-path")
     model_path = args.model_path or default_model.ensure()
-    repository = write_repository(
-        args.run_dir / "model_repository", model_path, _parameters(args.set)
-    )
+    try:  # bad values fail here, in a second, rather than in the model's load
+        repository = write_repository(args.run_dir / "model_repository", model_path, parameters)
+    except ValueError as exc:
+        raise SystemExit(f"--set: {exc}") from None
     return TritonServer(
         model_repository=repository,
         http_port=args.http_port,

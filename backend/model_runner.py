@@ -21,6 +21,8 @@ def resolve_device(device: str) -> torch.device:
     """`auto` is CUDA when present, else CPU."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device}: torch sees no CUDA device here")
     return torch.device(device)
 
 

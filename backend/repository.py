@@ -11,6 +11,7 @@ import re
 import shutil
 from pathlib import Path
 
+from backend.config import LLMConfig
 from backend.context_length import served_context_length
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "model_repository"
@@ -52,15 +53,17 @@ def write_repository(
 ) -> Path:
     """Copy `template` to `dest` (replaced), pointing every model at `model_path`."""
     values = {**(parameters or {}), "model_path": str(Path(model_path).resolve())}
-    requested = values.get("max_model_len", "0")
-    if requested.isdigit():  # anything else is the engine's config error to report
-        values["max_model_len"] = str(context_length(model_path, int(requested)))
     unknown = set(values) - known_parameters("llm", template) - {"model_path"}
     if unknown:
         raise ValueError(f"unknown llm parameters: {sorted(unknown)}")
+    for key, value in values.items():
+        if re.search(r'["\\\n]', value):  # config.pbtxt writes values unescaped
+            raise ValueError(f"llm parameter {key}: quotes, backslashes and newlines are refused")
+    config = LLMConfig.from_parameters(values, str(dest / "llm"))  # each value's type and range
+    values["max_model_len"] = str(context_length(model_path, config.max_model_len))
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(template, dest, ignore=shutil.ignore_patterns("__pycache__"))
-    for config in dest.glob("*/config.pbtxt"):
-        config.write_text(set_parameters(config.read_text(), values))
+    for config_file in dest.glob("*/config.pbtxt"):
+        config_file.write_text(set_parameters(config_file.read_text(), values))
     return dest

@@ -84,6 +84,31 @@ def test_every_parameter_is_parsed() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        (
+            {"max_num_seqs": "abc"},
+            "config.pbtxt parameter `max_num_seqs` must be an integer, got 'abc'",
+        ),
+        ({"max_num_seqs": "0"}, "max_num_seqs must be >= 1, got 0"),
+        ({"max_queue_size": "0"}, "max_queue_size must be >= 1, got 0"),
+        ({"max_model_len": "-5"}, "max_model_len must be >= 0, got -5"),
+        ({"kv_cache_memory_mb": "-1"}, "kv_cache_memory_mb must be >= 0, got -1"),
+        ({"num_threads": "-1"}, "num_threads must be >= 0, got -1"),
+        ({"dtype": "bogus"}, "dtype must be one of ['auto', 'float32', 'bfloat16', 'float16']"),
+        ({"device": "gpu"}, "device must be auto, cpu, cuda or cuda:N, got 'gpu'"),
+        ({"max_logprobs": "100"}, "max_logprobs must be in [0, 20], got 100"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_parameter(
+    parameters: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ValueError) as info:
+        LLMConfig.from_model_config(model_config(model_path="/m", **parameters), "/r/llm")
+    assert str(info.value).startswith(message)
+
+
 def test_fast_decode_must_be_a_boolean() -> None:
     with pytest.raises(ValueError, match="fast_decode"):
         LLMConfig.from_model_config(model_config(model_path="/m", fast_decode="fast"), "/r/llm")

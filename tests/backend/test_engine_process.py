@@ -19,7 +19,7 @@ from transformers import AutoConfig
 
 from backend.config import LLMConfig
 from backend.engine import EngineStats
-from backend.engine_process import EngineProcess
+from backend.engine_process import EngineProcess, build_engine
 from backend.outputs import CANCELLED, INTERNAL
 from backend.params import GenerationParams
 from backend.stopping import LENGTH
@@ -169,7 +169,7 @@ def test_the_engine_process_death_fails_every_request_and_is_reported(
 _ORPHAN = """
 import sys
 from backend.config import LLMConfig
-from backend.engine_process import EngineProcess
+from backend.engine_process import EngineProcess, build_engine
 process = EngineProcess(LLMConfig(model_path=sys.argv[1], max_num_seqs=2, num_threads=1))
 process.start()
 print(process.pid, flush=True)
@@ -199,3 +199,14 @@ def test_a_model_that_fails_to_load_fails_start_with_its_error(tmp_path: Path) -
     process = EngineProcess(LLMConfig(model_path=str(tmp_path / "missing")))
     with pytest.raises(RuntimeError, match=r"the engine process failed to start: .*missing"):
         process.start()
+
+
+def test_slots_a_small_kv_cache_leaves_out_wait_in_the_queue(model_dir: Path) -> None:
+    """The adapter admits max_num_seqs + max_queue_size requests at once (from the config):
+    with fewer slots than max_num_seqs, that many still fit, the rest waiting."""
+    config = LLMConfig(
+        model_path=str(model_dir), max_num_seqs=64, max_model_len=512, kv_cache_memory_mb=1
+    )
+    engine = build_engine(config, on_stats=None)
+    assert 1 <= engine.runner.num_slots < 64
+    assert engine.runner.num_slots + engine.max_queue_size == 64 + config.max_queue_size

@@ -92,6 +92,22 @@ def test_the_served_context_is_written_for_clients(tmp_path: Path) -> None:
         write_repository(tmp_path / "repo", tmp_path / "m", {"max_model_len": "301"})
 
 
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"max_queue_size": "0"}, "max_queue_size must be >= 1, got 0"),
+        ({"dtype": 'float32" } }'}, "llm parameter dtype: quotes, backslashes and newlines"),
+    ],
+)
+def test_bad_values_are_refused_before_anything_is_written(
+    tmp_path: Path, parameters: dict[str, str], message: str
+) -> None:
+    """The launcher's --set values fail here, at once, not in the model's load."""
+    with pytest.raises(ValueError, match=message):
+        write_repository(tmp_path / "repo", tmp_path / "m", parameters)
+    assert not (tmp_path / "repo").exists()
+
+
 def test_unknown_parameters_are_refused_and_nothing_is_written(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"unknown llm parameters: \['max_batch', 'zzz'\]"):
         write_repository(tmp_path / "repo", tmp_path / "m", {"max_batch": "1", "zzz": "2"})

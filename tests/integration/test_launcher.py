@@ -333,3 +333,25 @@ def test_children_die_with_a_killed_launcher(model_dir: Path, tmp_path: Path) ->
         # The kernel closes a killed process's sockets as its last thread exits, which may be
         # after its main thread is reaped: a condition to wait for, not a moment to sample.
         assert wait_for(lambda: unbindable(ports) == []), sockets_on(unbindable(ports))
+
+
+@pytest.mark.parametrize(
+    ("pair", "message"),
+    [
+        ("max_num_seqs=abc", "--set: config.pbtxt parameter `max_num_seqs` must be an integer"),
+        ("max_queue_size=0", "--set: max_queue_size must be >= 1, got 0"),
+        ("model_path=/elsewhere", "--set model_path: give the model with --model-path"),
+    ],
+)
+def test_bad_set_values_stop_the_launcher_before_tritonserver(
+    model_dir: Path, tmp_path: Path, pair: str, message: str
+) -> None:
+    """Checked while the repository is written, in a second, with the key named."""
+    from backend import launcher
+
+    args = launcher.parse_args(
+        ["--model-path", str(model_dir), "--run-dir", str(tmp_path), "--set", pair]
+    )
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        launcher.build_server(args)
+    assert not (tmp_path / "tritonserver.log").exists()

@@ -451,6 +451,18 @@ def check_min_tokens(min_tokens: int | None, max_tokens: int | None) -> None:
         )
 
 
+def check_chat_template_flags(
+    add_generation_prompt: bool | None, continue_final_message: bool | None
+) -> None:
+    """vLLM's rule: the final message is continued or a new one started, not both."""
+    if continue_final_message and add_generation_prompt is not False:
+        raise InvalidRequestError(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to true.",
+            parameter="continue_final_message",
+            value=continue_final_message,
+        )
+
+
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 LogitBias = Annotated[float, Field(ge=-100, le=100)]

@@ -16,6 +16,7 @@ from adapter.protocol import (
     GenerationRequest,
     OpenAIBaseModel,
     UsageInfo,
+    check_chat_template_flags,
     check_logprob_token_ids,
     check_min_tokens,
 )
@@ -164,6 +165,7 @@ class ChatCompletionRequest(GenerationRequest):
                 "`top_logprobs` requires `logprobs: true`.", parameter="top_logprobs"
             )
         check_min_tokens(self.min_tokens, self.token_limit())
+        check_chat_template_flags(self.add_generation_prompt, self.continue_final_message)
         self.reject_unsupported()
         return self
 

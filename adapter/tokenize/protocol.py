@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from adapter.chat.protocol import ChatMessage
 from adapter.errors import InvalidRequestError
-from adapter.protocol import OpenAIRequest, check_token_ids
+from adapter.protocol import OpenAIRequest, check_chat_template_flags, check_token_ids
 from adapter.tensors import TritonRequest
 
 
@@ -59,6 +59,7 @@ class TokenizeRequest(OpenAIRequest):
             raise InvalidRequestError(
                 "Send exactly one of `prompt` and `messages`.", parameter="prompt"
             )
+        check_chat_template_flags(self.add_generation_prompt, self.continue_final_message)
         self.reject_unsupported()
         return self
 

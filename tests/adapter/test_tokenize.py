@@ -71,6 +71,11 @@ def test_tokenize_rules(client: TestClient) -> None:
         ({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt", "exactly one"),
         ({"messages": [], "prompt": None}, "messages", "at least 1 item"),
         ({"prompt": "a", "chat_template": "{{ x }}"}, "chat_template", "not supported"),
+        (
+            {"messages": [{"role": "user", "content": "b"}], "continue_final_message": True},
+            "continue_final_message",
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to true.",
+        ),
     ]
     for body, param, message in cases:
         response = client.post("/tokenize", json=body)

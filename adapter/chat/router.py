@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from adapter.chat.protocol import ChatCompletionRequest, ChatCompletionResponse
 from adapter.deps import ChatServingDep
@@ -15,8 +15,10 @@ router = APIRouter()
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse)
 async def create_chat_completion(
     request: ChatCompletionRequest, serving: ChatServingDep
-) -> JSONResponse | StreamingResponse:
+) -> Response:
     result = await serving.create_chat_completion(request)
     if isinstance(result, ChatCompletionResponse):
-        return JSONResponse(result.model_dump())
+        # pydantic-core's serializer: 0.13 s for 410k logprob entries, against 1.2 s for
+        # model_dump and json.dumps
+        return Response(result.model_dump_json(), media_type="application/json")
     return StreamingResponse(result, media_type="text/event-stream", headers=SSE_HEADERS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import ClassVar
@@ -98,8 +99,8 @@ class OpenAIServingChat(OpenAIServing):
                 request, builders, streams, request_id, model_name
             )
         outputs = await self.collect_all(choices, request_id, fields)
-        return self.chat_completion_full_response(
-            request, builders, outputs, request_id, model_name
+        return await asyncio.to_thread(  # off the event loop: see `collect_all`
+            self.chat_completion_full_response, request, builders, outputs, request_id, model_name
         )
 
     @staticmethod

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from adapter.completions.protocol import CompletionRequest, CompletionResponse
 from adapter.deps import CompletionServingDep
@@ -13,10 +13,10 @@ router = APIRouter()
 
 
 @router.post("/v1/completions", response_model=CompletionResponse)
-async def create_completion(
-    request: CompletionRequest, serving: CompletionServingDep
-) -> JSONResponse | StreamingResponse:
+async def create_completion(request: CompletionRequest, serving: CompletionServingDep) -> Response:
     result = await serving.create_completion(request)
     if isinstance(result, CompletionResponse):
-        return JSONResponse(result.model_dump())
+        # pydantic-core's serializer: 0.13 s for 410k logprob entries, against 1.2 s for
+        # model_dump and json.dumps
+        return Response(result.model_dump_json(), media_type="application/json")
     return StreamingResponse(result, media_type="text/event-stream", headers=SSE_HEADERS)

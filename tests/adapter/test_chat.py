@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -288,3 +290,30 @@ def test_n_choices_stream_with_their_index(engine: FakeEngine, client: TestClien
     full = client.post(URL, json={"model": "tiny", "messages": MESSAGES, "n": 2}).json()
     assert [c["index"] for c in full["choices"]] == [0, 1]
     assert [c["message"]["content"] for c in full["choices"]] == ["yes.", "yes."]
+
+
+def test_the_full_response_is_built_off_the_event_loop(
+    engine: FakeEngine, client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A response with many explicit ids takes seconds to build: not on the loop that serves
+    every other request (`OpenAIServing.collect_all`)."""
+    threads: dict[str, threading.Thread] = {}
+    collect_all, build = (
+        OpenAIServingChat.collect_all,
+        OpenAIServingChat.chat_completion_full_response,
+    )
+
+    async def collecting(*args: Any) -> Any:
+        threads["loop"] = threading.current_thread()
+        return await collect_all(*args)
+
+    def building(*args: Any) -> Any:
+        threads["build"] = threading.current_thread()
+        return build(*args)
+
+    monkeypatch.setattr(OpenAIServingChat, "collect_all", collecting)
+    monkeypatch.setattr(OpenAIServingChat, "chat_completion_full_response", staticmethod(building))
+    engine.script = EXPLICIT_SCRIPT
+    response = client.post(URL, json={"model": "tiny", "messages": MESSAGES})
+    assert response.json()["choices"][0]["message"]["content"] == "yes."
+    assert threads["build"] is not threads["loop"]

@@ -199,6 +199,12 @@ class Engine:
         self._on_stats = on_stats
         self.stats = EngineStats()
         self._incoming: queue.Queue[_Pending | object] = queue.Queue()
+        """What `submit` hands the engine thread: requests, and a wake-up when a compile ends."""
+        self._waiting: deque[_Pending] = deque()
+        """Taken from `_incoming`, waiting for a slot, in arrival order."""
+        self._queued = 0
+        """Requests submitted and not yet started or ended: `submit`'s bound, and the metric."""
+        self._queued_lock = threading.Lock()
         self._compiling: list[_Pending] = []
         """Out of the batch until their grammar is compiled."""
         self._compiled: deque[_Pending] = deque()
@@ -244,7 +250,8 @@ class Engine:
         for seq in self._active:
             seq.sink.send_error("the model is shutting down")
         self._active.clear()
-        waiting = [*self._compiling, *self._compiled]
+        waiting = [*self._waiting, *self._compiling, *self._compiled]
+        self._waiting.clear()
         self._compiling.clear()
         self._compiled.clear()
         while not self._incoming.empty():
@@ -252,6 +259,7 @@ class Engine:
             if isinstance(item, _Pending):
                 waiting.append(item)
         for pending in waiting:
+            self._leave_queue()
             pending.sink.send_error("the model is shutting down")
         if self._grammars is not None:
             self._grammars.close()
@@ -260,7 +268,10 @@ class Engine:
 
     def submit(self, params: GenerationParams, sink: OutputSink) -> None:
         """Queue a validated request; responses go to `sink` from the engine thread."""
-        waiting = self._incoming.qsize()
+        with self._queued_lock:
+            waiting = self._queued
+            if waiting < self.max_queue_size:
+                self._queued += 1
         if waiting >= self.max_queue_size:
             sink.send_error(
                 f"server busy: {waiting} requests are waiting for a sequence slot; retry later",
@@ -269,7 +280,11 @@ class Engine:
             return
         pending = _Pending(params, sink)
         if params.structured_output is not None:
-            pending.grammar = self._grammar_compiler().compile(params.structured_output)
+            try:
+                pending.grammar = self._grammar_compiler().compile(params.structured_output)
+            except BaseException:  # the caller fails the request: it holds no place
+                self._leave_queue()
+                raise
             pending.deadline = time.monotonic() + self.grammar_compile_timeout_s
             if not pending.grammar.done():
                 pending.grammar.add_done_callback(lambda _: self._incoming.put(_WAKE))
@@ -311,32 +326,54 @@ class Engine:
             self._publish_stats()
 
     def _admit(self) -> None:
+        self._take_incoming(block=not (self._active or self._waiting or self._compiled))
         self._sort_compiling()
-        block = not self._active and not self._compiled
+        self._drop_cancelled_waiting()
         while len(self._active) < self.runner.num_slots:
             if self._compiled:
                 pending = self._compiled.popleft()
+            elif self._waiting:
+                pending = self._waiting.popleft()
             else:
-                try:
-                    item = self._incoming.get(timeout=0.05 if block else None, block=block)
-                except queue.Empty:
-                    return
-                block = False
-                if not isinstance(item, _Pending):  # _WAKE: a compile ended
-                    self._sort_compiling()
-                    continue
-                if item.grammar is not None and not item.grammar.done():
-                    self._compiling.append(item)
-                    continue
-                pending = item
-            if pending.sink.is_cancelled():  # its client left while it waited: no prefill
-                self._cancel(pending.params, pending.sink, "before it started")
-                continue
+                return
+            self._leave_queue()
             try:
                 self._start_sequence(pending)
             except Exception as exc:  # not yet in `_active`: answer it here, or it never ends
                 logger.exception("request %s failed to start", pending.params.request_id)
                 pending.sink.send_error(f"internal error: {exc}")
+
+    def _take_incoming(self, block: bool) -> None:
+        """Moves what `submit` queued to `_waiting` (or `_compiling`, grammar unfinished);
+        wake-ups only end the wait. `block`: an idle engine waits up to 50 ms for work."""
+        try:
+            item = self._incoming.get(timeout=0.05) if block else self._incoming.get_nowait()
+            while True:
+                if isinstance(item, _Pending):
+                    if item.grammar is not None and not item.grammar.done():
+                        self._compiling.append(item)
+                    else:
+                        self._waiting.append(item)
+                item = self._incoming.get_nowait()
+        except queue.Empty:
+            return
+
+    def _drop_cancelled_waiting(self) -> None:
+        """Ends the waiting requests whose client left (vLLM aborts them at once too): they
+        neither hold a place in the queue nor count as load until a slot frees."""
+        for queued in (self._waiting, self._compiled, self._compiling):
+            flagged = [(pending, pending.sink.is_cancelled()) for pending in queued]
+            if any(cancelled for _, cancelled in flagged):
+                queued.clear()
+                queued.extend(pending for pending, cancelled in flagged if not cancelled)
+                for pending, cancelled in flagged:
+                    if cancelled:
+                        self._leave_queue()
+                        self._cancel(pending.params, pending.sink, "before it started")
+
+    def _leave_queue(self) -> None:
+        with self._queued_lock:
+            self._queued -= 1
 
     def _sort_compiling(self) -> None:
         """Compiled requests join `_compiled`; those past their deadline are refused."""
@@ -348,6 +385,7 @@ class Engine:
             if pending.grammar.done():
                 self._compiled.append(pending)
             elif now >= pending.deadline:
+                self._leave_queue()
                 pending.sink.send_error(
                     f"{STRUCTURED_OUTPUT}: compiling it took longer than "
                     f"{self.grammar_compile_timeout_s:g} s (grammar_compile_timeout_ms)",
@@ -707,9 +745,7 @@ class Engine:
 
     def _publish_stats(self) -> None:
         self.stats.active_sequences = len(self._active)
-        self.stats.waiting_requests = (
-            self._incoming.qsize() + len(self._compiling) + len(self._compiled)
-        )
+        self.stats.waiting_requests = self._queued
         if self._grammars is not None:
             grammars = self._grammars.stats
             self.stats.grammar_compiles = grammars.compiles

@@ -248,7 +248,7 @@ class ResponseWriter(Generic[Request, Stats]):
 
     def _sweep(self) -> None:
         """Asks Triton whether the requests without a response for a while were cancelled;
-        the engine drops those before they start (`Engine._admit`)."""
+        the engine drops those before they start (`Engine._drop_cancelled_waiting`)."""
         now = self._swept_at = time.monotonic()
         with self._unanswered_lock:
             boxes = list(self._unanswered)

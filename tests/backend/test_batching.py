@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from backend.default_model import PASSAGE
-from backend.engine import Engine
+from backend.engine import _WAKE, Engine
 from backend.model_runner import ModelRunner
 from backend.outputs import BUSY, CANCELLED, INTERNAL
 from backend.params import GenerationParams
@@ -127,6 +127,47 @@ def test_a_full_queue_refuses_with_server_busy(model_dir):
     assert not any(sink.done.is_set() for sink in queued)
     engine.stop()
     assert all(sink.kind == INTERNAL and "shutting down" in sink.error for sink in queued)
+
+
+class LeavingSink(RecordingSink):
+    """A client that leaves when the test says so."""
+
+    left = False
+
+    def is_cancelled(self) -> bool:
+        return self.left
+
+
+def test_a_waiting_request_whose_client_left_ends_at_once(model_dir):
+    """It neither waits for a slot to free nor keeps its place in the queue (vLLM aborts it
+    too); wake-ups from finished compiles are not counted as waiting. One iteration's
+    admission at a time, the engine thread not started."""
+    engine = Engine(ModelRunner(str(model_dir), max_num_seqs=1, max_model_len=64), max_queue_size=3)
+    long = GenerationParams(prompt_ids=[1, 2], max_tokens=50, ignore_eos=True)
+    running, leaving, waiting, later = (
+        RecordingSink(),
+        LeavingSink(),
+        RecordingSink(),
+        RecordingSink(),
+    )
+    for sink in (running, leaving, waiting):
+        engine.submit(long, sink)
+    engine._incoming.put(_WAKE)  # as a compile that ended would
+    engine._admit()
+    engine._publish_stats()
+    assert (len(running.outputs), engine.stats.waiting_requests) == (1, 2)
+    engine.submit(long, later)
+    leaving.left = True
+    engine._admit()
+    engine._publish_stats()
+    assert leaving.kind == CANCELLED and engine.stats.cancelled_requests == 1
+    assert engine.stats.waiting_requests == 2  # `waiting` and `later`
+    accepted, refused = RecordingSink(), RecordingSink()
+    engine.submit(long, accepted)  # the place `leaving` held
+    engine.submit(long, refused)
+    assert not accepted.done.is_set() and refused.kind == BUSY
+    assert not any(sink.done.is_set() for sink in (running, waiting, later))
+    engine.stop()
 
 
 def test_each_admitted_prompt_gets_its_first_token_before_the_next_prefill(

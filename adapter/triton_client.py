@@ -83,8 +83,8 @@ def error_from_triton(message: str) -> Exception:
     match = _INPUT_ERROR.match(message)
     if match and match.group(1) in contract.INPUT_NAMES:
         return TritonInputError(match.group(1), match.group(2))
-    # The engine refuses work with "server busy: ..." when its waiting queue is full.
-    if "Request for unknown model" in message or message.startswith("server busy"):
+    # The engine's "server busy: ...", "the engine process died", ...: another try may succeed.
+    if "Request for unknown model" in message or message.startswith(contract.RETRY_LATER):
         return EngineUnavailableError(message)
     return EngineError(message)
 

@@ -26,6 +26,13 @@ MAX_STOP_STRINGS = 64
 thread, which all sequences share (OpenAI allows 4; 200k slowed another request 6x)."""
 MAX_STOP_STRING_CHARS = 1024
 """The longest STOP string: a stop string's length less one is held back from the stream."""
+SERVER_BUSY = "server busy"
+ENGINE_DIED = "the engine process died"
+SHUTTING_DOWN = "the model is shutting down"
+RETRY_LATER = (SERVER_BUSY, ENGINE_DIED, SHUTTING_DOWN)
+"""How the errors of `llm` that another try may get past begin (UNAVAILABLE: the queue is full,
+the engine is restarting or the model unloading). Over a gRPC stream only the message reaches
+the client, so the adapter answers these with 503 and Retry-After by their first words."""
 NEG_INF_LOGPROB = -9999.0
 """-inf cannot travel through JSON clients; vLLM and this contract send it as -9999.0."""
 

@@ -27,6 +27,8 @@ from backend.contract import (
     DEFAULT_MAX_LOGPROBS,
     DEFAULT_MAX_QUEUE_SIZE,
     MIN_TOKENS,
+    SERVER_BUSY,
+    SHUTTING_DOWN,
     STRUCTURED_OUTPUT,
 )
 from backend.detokenizer import IncrementalDetokenizer
@@ -248,7 +250,7 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout=30)
         for seq in self._active:
-            seq.sink.send_error("the model is shutting down")
+            seq.sink.send_error(SHUTTING_DOWN, kind=BUSY)
         self._active.clear()
         waiting = [*self._waiting, *self._compiling, *self._compiled]
         self._waiting.clear()
@@ -260,7 +262,7 @@ class Engine:
                 waiting.append(item)
         for pending in waiting:
             self._leave_queue()
-            pending.sink.send_error("the model is shutting down")
+            pending.sink.send_error(SHUTTING_DOWN, kind=BUSY)
         if self._grammars is not None:
             self._grammars.close()
         if self._logprob_worker is not None:
@@ -274,7 +276,7 @@ class Engine:
                 self._queued += 1
         if waiting >= self.max_queue_size:
             sink.send_error(
-                f"server busy: {waiting} requests are waiting for a sequence slot; retry later",
+                f"{SERVER_BUSY}: {waiting} requests are waiting for a sequence slot; retry later",
                 kind=BUSY,
             )
             return

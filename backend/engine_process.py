@@ -35,8 +35,9 @@ from typing import Any
 import psutil
 
 from backend.config import LLMConfig
+from backend.contract import ENGINE_DIED, SHUTTING_DOWN
 from backend.engine import Engine, EngineStats, OutputSink
-from backend.outputs import INTERNAL, FinalError, StepOutput
+from backend.outputs import BUSY, INTERNAL, FinalError, StepOutput
 from backend.params import EngineLimits, GenerationParams
 
 logger = logging.getLogger(__name__)
@@ -278,7 +279,7 @@ class EngineProcess:
         key = next(self._keys)
         with self._lock:
             if self._stopping:
-                sink.send_error("the model is shutting down")
+                sink.send_error(SHUTTING_DOWN, kind=BUSY)
                 return
             self._sinks[key] = sink
             self._send(("submit", key, params))
@@ -348,10 +349,10 @@ class EngineProcess:
             sinks, self._sinks = self._sinks, {}
             died = not self._stopping
             self._stopping = True
-        message = "the engine process died" if died else "the model is shutting down"
+        message = ENGINE_DIED if died else SHUTTING_DOWN
         if died:
             logger.error("%s; failing %d requests in flight", message, len(sinks))
         for sink in sinks.values():
-            sink.send_error(message)
+            sink.send_error(message, kind=BUSY)  # the launcher restarts it: a retry may succeed
         if died and self._on_death is not None:
             self._on_death()

@@ -246,6 +246,8 @@ async def test_final_response_needs_a_reason() -> None:
         ("OUTPUT_IDS: something", EngineError, None),  # not an input: the model's own fault
         ("Request for unknown model: 'llm' is not found", EngineUnavailableError, None),
         ("server busy: 256 requests are waiting for a sequence slot", EngineUnavailableError, None),
+        ("the engine process died", EngineUnavailableError, None),  # restarting: 503, retry
+        ("the model is shutting down", EngineUnavailableError, None),
         ("unexpected shape for input 'SEED'", EngineError, None),
     ],
 )

@@ -15,7 +15,7 @@ from backend import contract
 from backend import triton_io as io
 from backend.engine import Engine, EngineStats
 from backend.model_runner import ModelRunner
-from backend.outputs import CANCELLED, INTERNAL, INVALID
+from backend.outputs import BUSY, CANCELLED, INTERNAL, INVALID
 from backend.params import GenerationParams
 from backend.stopping import LENGTH
 from backend.token_bytes import token_bytes_table
@@ -213,7 +213,7 @@ def test_stop_answers_queued_requests_that_never_started(runner: ModelRunner) ->
     engine.submit(GenerationParams(prompt_ids=[1]), sink)
     engine.stop()
     assert sink.outputs == []
-    assert (sink.error, sink.kind) == ("the model is shutting down", INTERNAL)
+    assert (sink.error, sink.kind) == ("the model is shutting down", BUSY)
 
 
 class CancelledOnceAdmitted(RecordingSink):

@@ -222,7 +222,7 @@ def test_finalize_stops_the_engine_and_ends_requests_in_flight(
     assert request.sender.final_count == 1
     last, flags = request.sender.sent[-1]
     assert flags == FINAL
-    assert last.error().code() == pb_utils.TritonError.INTERNAL
+    assert last.error().code() == pb_utils.TritonError.UNAVAILABLE
     assert "shutting down" in last.error().message()
     assert len(request.sender.sent) < 400
 

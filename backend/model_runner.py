@@ -6,6 +6,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+import psutil
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -33,6 +34,13 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, got {dtype!r}")
     return _DTYPES[dtype]
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes a KV cache could still take: free memory on the GPU, available RAM on CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return int(psutil.virtual_memory().available)
 
 
 def eos_token_ids(model_path: str, tokenizer: Any) -> frozenset[int]:
@@ -147,6 +155,15 @@ class ModelRunner:
             raise ValueError(
                 f"a KV cache of {kv_cache_bytes} bytes holds no sequence of {self.max_model_len} "
                 f"tokens ({per_slot} bytes each): raise it or lower max_model_len"
+            )
+        # Allocated up front for every slot's whole context: refuse what cannot fit, rather
+        # than fail (or swap) later. 32 sequences of Qwen2.5-0.5B's 32768 tokens are 26 GB.
+        free = free_memory(self.device)
+        if slots * per_slot > free:
+            raise ValueError(
+                f"the KV cache for {slots} sequences of {self.max_model_len} tokens needs "
+                f"{slots * per_slot / 2**30:.1f} GiB, and {free / 2**30:.1f} GiB are free on "
+                f"{self.device}: lower max_model_len or max_num_seqs, or set kv_cache_memory_mb"
             )
         self.cache = SlotKVCache(config, slots, self.max_model_len, self.device, self.dtype)
         # The keyword the model takes its cache by: `cache` in transformers 5.24 (the pin, which

@@ -23,6 +23,7 @@ from transformers import (
     Qwen2Config,
 )
 
+from backend import model_runner
 from backend.context_length import served_context_length
 from backend.model_runner import AttentionMasks, ModelRunner
 from tests.backend.test_fast_decode import _SIZES, _save
@@ -139,3 +140,13 @@ def test_logits_that_differ_from_the_models_own_are_refused_at_load(
     monkeypatch.setattr(AttentionMasks, "causal", attend_to_every_key)
     with pytest.raises(ValueError, match="its logits differ from its own forward's by up to"):
         ModelRunner(path, device="cpu", max_num_seqs=1, fast_decode=False)
+
+
+def test_a_kv_cache_larger_than_the_free_memory_is_refused(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache is allocated up front for every slot's whole context."""
+    monkeypatch.setattr(model_runner, "free_memory", lambda device: 2**20)
+    with pytest.raises(ValueError, match=r"needs .* GiB, and 0\.0 GiB are free on cpu: lower"):
+        ModelRunner(str(model_dir), device="cpu", max_num_seqs=16, max_model_len=512)
+    ModelRunner(str(model_dir), device="cpu", max_num_seqs=1, max_model_len=8)  # fits in 1 MiB

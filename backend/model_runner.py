@@ -181,16 +181,16 @@ class ModelRunner:
         """Refuses, at load, a model this runner does not serve as its own forward computes it:
         one whose layers need more than the slot cache and a 4D mask give them (ALiBi models
         build their biases from a 2-D padding mask, for one). A prefill and two decode steps
-        against the plain forward over the same 8 tokens; values are compared in float32 only,
-        where the two orders of computation agree to ~1e-5 (lower precisions differ by more
-        than a broken model might)."""
-        ids = [i % self.vocab_size for i in range(1, 9)]
+        against the plain forward over the same 8 tokens (fewer in a smaller context); values
+        are compared in float32 only, where the two orders of computation agree to ~1e-5 (lower
+        precisions differ by more than a broken model might)."""
+        ids = [i % self.vocab_size for i in range(1, min(8, self.max_model_len) + 1)]
+        prompt = max(1, len(ids) - 2)
         try:
             got = torch.cat(
                 [
-                    self.prefill(0, ids[:6], all_positions=True),
-                    self.decode([ids[6]], [6]),
-                    self.decode([ids[7]], [7]),
+                    self.prefill(0, ids[:prompt], all_positions=True),
+                    *(self.decode([ids[i]], [i]) for i in range(prompt, len(ids))),
                 ]
             )
             with torch.inference_mode():

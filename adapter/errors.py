@@ -59,8 +59,9 @@ class ServiceUnavailableError(RuntimeError):
 
 class EngineUnavailableError(ServiceUnavailableError):
     """Triton cannot be reached, the model is not ready, its queue is full or its engine died
-    (HTTP 503). Each passes: the launcher restarts a faulty Triton within seconds (docs/design.md, "Surviving
-    the engine's death"), so the client is told to try again (`Retry-After`)."""
+    (HTTP 503). Each passes: the launcher restarts a faulty Triton within seconds
+    (docs/design.md, "Surviving the engine's death"), so the client is told to try again
+    (`Retry-After`)."""
 
     headers: Mapping[str, str] = {"Retry-After": str(RETRY_AFTER_S)}
 

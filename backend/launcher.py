@@ -171,7 +171,11 @@ def main(argv: list[str] | None = None) -> int:
 
     processes: list[ChildProcess] = [server] if adapter is None else [server, adapter]
     policy = RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window_s)
-    return Supervisor(processes, stop, args.ready_timeout, policy).run(announce)
+    try:
+        return Supervisor(processes, stop, args.ready_timeout, policy).run(announce)
+    except (RuntimeError, TimeoutError) as exc:  # a start that failed: its log tail says why
+        logger.error("%s", exc)
+        return 1
 
 
 if __name__ == "__main__":

@@ -355,3 +355,25 @@ def test_bad_set_values_stop_the_launcher_before_tritonserver(
     with pytest.raises(SystemExit, match=re.escape(message)):
         launcher.build_server(args)
     assert not (tmp_path / "tritonserver.log").exists()
+
+
+def test_a_failed_start_is_logged_without_a_traceback(
+    model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """tritonserver exiting at start (a model that does not load): its log tail, exit 1."""
+    from backend import launcher
+
+    class FailingSupervisor:
+        def __init__(self, *args: object) -> None:
+            pass
+
+        def run(self, on_ready: object) -> int:
+            raise RuntimeError("tritonserver exited with 1\nllm: BloomForCausalLM is not supported")
+
+    monkeypatch.setattr(launcher, "Supervisor", FailingSupervisor)
+    argv = ["--model-path", str(model_dir), "--run-dir", str(tmp_path), "--adapter-port", "0"]
+    assert launcher.main(argv) == 1
+    assert "BloomForCausalLM is not supported" in caplog.text

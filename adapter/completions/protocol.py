@@ -134,6 +134,10 @@ class CompletionRequest(GenerationRequest):
         """`max_tokens`, else OpenAI's default."""
         return DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
 
+    def max_tokens_set(self) -> bool:
+        """Whether the caller gave `max_tokens` (null counts as not given)."""
+        return "max_tokens" in self.model_fields_set and self.max_tokens is not None
+
     def prompts(self) -> list[str | list[int]]:
         """The prompts of the batch; a single one is a batch of one."""
         if isinstance(self.prompt, str) or isinstance(self.prompt[0], int):
@@ -161,7 +165,9 @@ class CompletionRequest(GenerationRequest):
                 text=text,
                 prompt_ids=None if isinstance(prompt, str) else tuple(prompt),
                 max_tokens=self.token_limit(),
-                max_tokens_parameter="max_tokens",
+                # OpenAI's default of 16 stops at the context's end; a limit the caller set
+                # that does not fit is a 400 (vLLM)
+                max_tokens_parameter="max_tokens" if self.max_tokens_set() else None,
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,
                 prompt_logprob_token_ids=prompt_explicit,

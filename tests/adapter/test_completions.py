@@ -373,3 +373,17 @@ def test_one_failing_choice_fails_the_request_and_cancels_the_rest(
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "min_tokens"
     assert engine.closed == 3  # the waiting requests were cancelled, not left running
+
+
+def test_the_default_max_tokens_near_the_context_end_is_not_refused(
+    engine: FakeEngine, client: TestClient
+) -> None:
+    """OpenAI's default of 16 is not the caller's limit: the model stops at the context's end
+    (the fake's is 64) instead of a 400 about a field the caller never sent (vLLM)."""
+    engine.script = EXPLICIT_SCRIPT
+    response = client.post(URL, json={"model": "tiny", "prompt": "x" * 60})
+    assert response.status_code == 200, response.text
+    [(params, _)] = engine.requests
+    assert (params.max_tokens, params.max_tokens_parameter) == (16, None)
+    refused = client.post(URL, json={"model": "tiny", "prompt": "x" * 60, "max_tokens": 16})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"

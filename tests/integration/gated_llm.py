@@ -15,9 +15,6 @@ from pathlib import Path
 from types import ModuleType
 
 GATE_FILE = "gate"
-CANCELLED_WAITING_FILE = "cancelled-waiting"
-"""Beside the gate, while it is closed: the ids of the requests waiting for a slot whose
-cancellation has reached the engine, one a line."""
 
 
 def _product_model() -> ModuleType:
@@ -40,25 +37,10 @@ def hold_while_gated(gate: Path, engine) -> None:
         while gate.exists() and all(seq.generated for seq in engine._active):
             engine._admit()  # a request arriving meanwhile still gets its first token
             engine._publish_stats()  # which leaves the engine's process with the stats
-            note_cancelled_waiting(engine, gate.with_name(CANCELLED_WAITING_FILE))
             time.sleep(0.01)
         step()
 
     engine._step = gated_step
-
-
-def note_cancelled_waiting(engine, path: Path) -> None:
-    """Writes `CANCELLED_WAITING_FILE`, so that a test knows the engine has seen a waiting
-    request's cancellation before it opens the gate."""
-    with engine._incoming.mutex:
-        waiting = list(engine._incoming.queue)
-    cancelled = [  # the queue also holds a wake-up marker, without a sink
-        item.params.request_id
-        for item in waiting
-        if getattr(item, "sink", None) is not None and item.sink.is_cancelled()
-    ]
-    if cancelled:
-        path.write_text("\n".join(cancelled))
 
 
 class TritonPythonModel:

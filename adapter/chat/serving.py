@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import ClassVar
@@ -99,8 +98,11 @@ class OpenAIServingChat(OpenAIServing):
                 request, builders, streams, request_id, model_name
             )
         outputs = await self.collect_all(choices, request_id, fields)
-        return await asyncio.to_thread(  # off the event loop: see `collect_all`
-            self.chat_completion_full_response, request, builders, outputs, request_id, model_name
+        return await self.build_full_response(
+            lambda: self.chat_completion_full_response(
+                request, builders, outputs, request_id, model_name
+            ),
+            outputs,
         )
 
     @staticmethod

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import codecs
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
@@ -156,8 +155,11 @@ class OpenAIServingCompletion(OpenAIServing):
                 request, builders, streams, request_id, model_name
             )
         outputs = await self.collect_all(choices, request_id, fields)
-        return await asyncio.to_thread(  # off the event loop: see `collect_all`
-            self.completion_full_response, request, builders, outputs, request_id, model_name
+        return await self.build_full_response(
+            lambda: self.completion_full_response(
+                request, builders, outputs, request_id, model_name
+            ),
+            outputs,
         )
 
     @staticmethod

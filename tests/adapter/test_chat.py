@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from adapter import serving as serving_module
 from adapter.chat.protocol import ChatCompletionRequest
 from adapter.chat.serving import OpenAIServingChat
 from adapter.errors import EngineError, TritonInputError
@@ -317,3 +318,21 @@ def test_the_full_response_is_built_off_the_event_loop(
     response = client.post(URL, json={"model": "tiny", "messages": MESSAGES})
     assert response.json()["choices"][0]["message"]["content"] == "yes."
     assert threads["build"] is not threads["loop"]
+
+
+@pytest.mark.parametrize(("threshold", "one_at_a_time"), [(0, True), (10**9, False)])
+async def test_large_full_responses_are_built_one_at_a_time(
+    monkeypatch: pytest.MonkeyPatch, threshold: int, one_at_a_time: bool
+) -> None:
+    """Their memory would add up (`LARGE_RESPONSE_ENTRIES`); small ones go at once."""
+    monkeypatch.setattr(serving_module, "LARGE_RESPONSE_ENTRIES", threshold)
+    engine = FakeEngine()
+    serving = OpenAIServingChat(engine, OpenAIServingModels(engine, None))
+    held: list[bool] = []
+
+    def build() -> str:
+        held.append(serving._large_builds.locked())
+        return "built"
+
+    assert await serving.build_full_response(build, [EXPLICIT_SCRIPT]) == "built"
+    assert held == [one_at_a_time]

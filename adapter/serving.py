@@ -34,12 +34,36 @@ from adapter.metrics import AdapterMetrics
 from adapter.models import OpenAIServingModels
 from adapter.protocol import StreamOptions, UsageInfo
 from adapter.settings import AdapterSettings
-from adapter.tensors import TritonOutput, TritonRequest
+from adapter.tensors import LogprobRows, TritonOutput, TritonRequest
 from backend import contract
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class JSONBody:
+    """A non-streamed response's JSON, made off the event loop (`build_full_response`)."""
+
+    text: str
+
+
+def _logprob_entries(outputs: Sequence[Sequence[TritonOutput]]) -> int:
+    """Positions and their alternatives, generated and prompt ones, over every choice."""
+
+    def rows(table: LogprobRows, positions: int) -> int:
+        return (
+            positions + sum(map(len, table.requested_logprobs)) + sum(map(len, table.top_logprobs))
+        )
+
+    return sum(
+        rows(output, len(output.output_ids))
+        + (0 if output.prompt is None else rows(output.prompt, len(output.prompt.ids)))
+        for choice in outputs
+        for output in choice
+    )
+
 
 LARGE_RESPONSE_ENTRIES = 100_000
 """Logprob entries (positions x alternatives) from which a non-streamed response is built one
@@ -277,22 +301,26 @@ class OpenAIServing:
         )
 
     async def build_full_response(
-        self, build: Callable[[], T], outputs: Sequence[Sequence[TritonOutput]]
-    ) -> T:
-        """`build()` in a worker thread, off the event loop (`collect_all`); one made of
-        `LARGE_RESPONSE_ENTRIES` or more waits for the previous such one, so that their
-        memory does not add up."""
-        entries = sum(
-            len(output.output_ids)
-            + sum(map(len, output.requested_logprobs))
-            + sum(map(len, output.top_logprobs))
-            for choice in outputs
-            for output in choice
-        )
-        if entries < LARGE_RESPONSE_ENTRIES:
-            return await asyncio.to_thread(build)
+        self, build: Callable[[], BaseModel], outputs: Sequence[Sequence[TritonOutput]]
+    ) -> JSONBody:
+        """`build()` and its JSON (pydantic-core's serializer: 0.13 s for 410k logprob entries,
+        against 1.2 s for model_dump and json.dumps) in a worker thread, off the event loop
+        (`collect_all`). One of `LARGE_RESPONSE_ENTRIES` or more waits until the previous such
+        one is serialized, also when that one's client left, so that their memory does not
+        add up."""
+
+        def work() -> JSONBody:
+            return JSONBody(build().model_dump_json())
+
+        if _logprob_entries(outputs) < LARGE_RESPONSE_ENTRIES:
+            return await asyncio.to_thread(work)
         async with self._large_builds:
-            return await asyncio.to_thread(build)
+            done = asyncio.ensure_future(asyncio.to_thread(work))
+            try:
+                return await asyncio.shield(done)
+            except asyncio.CancelledError:  # the client left: the thread still holds memory
+                await asyncio.wait({done})
+                raise
 
     def request_fields(self, parameter: str) -> Mapping[str, str]:
         """`tensor_params`, with STRUCTURED_OUTPUT named by the field the request used."""

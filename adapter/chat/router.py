@@ -7,7 +7,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from adapter.chat.protocol import ChatCompletionRequest, ChatCompletionResponse
 from adapter.deps import ChatServingDep
-from adapter.serving import SSE_HEADERS
+from adapter.serving import SSE_HEADERS, JSONBody
 
 router = APIRouter()
 
@@ -17,8 +17,6 @@ async def create_chat_completion(
     request: ChatCompletionRequest, serving: ChatServingDep
 ) -> Response:
     result = await serving.create_chat_completion(request)
-    if isinstance(result, ChatCompletionResponse):
-        # pydantic-core's serializer: 0.13 s for 410k logprob entries, against 1.2 s for
-        # model_dump and json.dumps
-        return Response(result.model_dump_json(), media_type="application/json")
+    if isinstance(result, JSONBody):
+        return Response(result.text, media_type="application/json")
     return StreamingResponse(result, media_type="text/event-stream", headers=SSE_HEADERS)

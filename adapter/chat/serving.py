@@ -21,7 +21,7 @@ from adapter.chat.protocol import (
 from adapter.context import current_request_id
 from adapter.logprobs import LogprobsCollector, TokenLogprob
 from adapter.protocol import INT32_MAX, UsageInfo
-from adapter.serving import SAMPLING_TENSOR_PARAMS, OpenAIServing
+from adapter.serving import SAMPLING_TENSOR_PARAMS, JSONBody, OpenAIServing
 from adapter.tensors import TritonOutput, TritonRequest
 from backend import contract
 
@@ -74,8 +74,8 @@ class OpenAIServingChat(OpenAIServing):
 
     async def create_chat_completion(
         self, request: ChatCompletionRequest
-    ) -> ChatCompletionResponse | AsyncIterator[str]:
-        """A full response, or (stream: true) the SSE lines once every choice answered once.
+    ) -> JSONBody | AsyncIterator[str]:
+        """A full response's JSON, or (stream: true) the SSE lines once every choice answered once.
 
         Each of the `n` choices is its own Triton request; all are in flight together.
         """

@@ -7,7 +7,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from adapter.completions.protocol import CompletionRequest, CompletionResponse
 from adapter.deps import CompletionServingDep
-from adapter.serving import SSE_HEADERS
+from adapter.serving import SSE_HEADERS, JSONBody
 
 router = APIRouter()
 
@@ -15,8 +15,6 @@ router = APIRouter()
 @router.post("/v1/completions", response_model=CompletionResponse)
 async def create_completion(request: CompletionRequest, serving: CompletionServingDep) -> Response:
     result = await serving.create_completion(request)
-    if isinstance(result, CompletionResponse):
-        # pydantic-core's serializer: 0.13 s for 410k logprob entries, against 1.2 s for
-        # model_dump and json.dumps
-        return Response(result.model_dump_json(), media_type="application/json")
+    if isinstance(result, JSONBody):
+        return Response(result.text, media_type="application/json")
     return StreamingResponse(result, media_type="text/event-stream", headers=SSE_HEADERS)

@@ -20,7 +20,7 @@ from adapter.context import current_request_id
 from adapter.errors import EngineError
 from adapter.logprobs import LogprobsCollector, PositionLogprobs, TokenLogprob, token_text
 from adapter.protocol import UsageInfo
-from adapter.serving import SAMPLING_TENSOR_PARAMS, OpenAIServing
+from adapter.serving import SAMPLING_TENSOR_PARAMS, JSONBody, OpenAIServing
 from adapter.tensors import TritonOutput, TritonRequest
 from backend import contract
 
@@ -131,9 +131,7 @@ class OpenAIServingCompletion(OpenAIServing):
         contract.PROMPT_LOGPROB_TOKEN_IDS: "prompt_logprob_token_ids",
     }
 
-    async def create_completion(
-        self, request: CompletionRequest
-    ) -> CompletionResponse | AsyncIterator[str]:
+    async def create_completion(self, request: CompletionRequest) -> JSONBody | AsyncIterator[str]:
         """A full response, or (stream: true) the SSE lines once every choice answered once.
 
         Each choice (`n` per prompt) is its own Triton request; all are in flight together.

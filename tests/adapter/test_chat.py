@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from typing import Any
 
@@ -14,6 +15,7 @@ from adapter.chat.protocol import ChatCompletionRequest
 from adapter.chat.serving import OpenAIServingChat
 from adapter.errors import EngineError, TritonInputError
 from adapter.models import OpenAIServingModels
+from adapter.protocol import UsageInfo
 from backend import contract
 from tests.adapter.fakes import FakeEngine, output
 from tests.adapter.sse import sse_payloads
@@ -324,15 +326,55 @@ def test_the_full_response_is_built_off_the_event_loop(
 async def test_large_full_responses_are_built_one_at_a_time(
     monkeypatch: pytest.MonkeyPatch, threshold: int, one_at_a_time: bool
 ) -> None:
-    """Their memory would add up (`LARGE_RESPONSE_ENTRIES`); small ones go at once."""
+    """Their memory would add up (`LARGE_RESPONSE_ENTRIES`); small ones go at once. The JSON
+    is made in the same worker thread."""
     monkeypatch.setattr(serving_module, "LARGE_RESPONSE_ENTRIES", threshold)
-    engine = FakeEngine()
-    serving = OpenAIServingChat(engine, OpenAIServingModels(engine, None))
+    serving = chat_serving()
     held: list[bool] = []
 
-    def build() -> str:
+    def build() -> UsageInfo:
         held.append(serving._large_builds.locked())
-        return "built"
+        return UsageInfo.from_counts(3, 2)
 
-    assert await serving.build_full_response(build, [EXPLICIT_SCRIPT]) == "built"
+    body = await serving.build_full_response(build, [EXPLICIT_SCRIPT])
+    assert json.loads(body.text) == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     assert held == [one_at_a_time]
+
+
+async def test_a_large_build_holds_its_turn_until_its_thread_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Also when its client left: the thread still holds the response's memory."""
+    monkeypatch.setattr(serving_module, "LARGE_RESPONSE_ENTRIES", 0)
+    serving = chat_serving()
+    started, release = threading.Event(), threading.Event()
+
+    def build() -> UsageInfo:
+        started.set()
+        release.wait()
+        return UsageInfo.from_counts(3, 2)
+
+    task = asyncio.create_task(serving.build_full_response(build, [EXPLICIT_SCRIPT]))
+    try:
+        await asyncio.to_thread(started.wait)
+        task.cancel()
+        for _ in range(5):  # the cancel reaches the task: it no longer awaits the thread
+            await asyncio.sleep(0)
+        assert serving._large_builds.locked()
+    finally:
+        release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not serving._large_builds.locked()
+
+
+def test_prompt_logprobs_count_toward_a_large_response() -> None:
+    """An echoed prompt scored against 1024 ids is as large as 1024 ids generated."""
+    prompt = [(7, b"a", 0.0), (8, b"b", -1.0), (9, b"c", -0.5)]
+    echo = output(prompt=prompt, prompt_requested=[[-1.0] * 4, [-2.0] * 4])
+    assert serving_module._logprob_entries([[echo]]) == 3 + 2 * 4
+
+
+def chat_serving() -> OpenAIServingChat:
+    engine = FakeEngine()
+    return OpenAIServingChat(engine, OpenAIServingModels(engine, None))

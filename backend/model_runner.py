@@ -91,7 +91,10 @@ class AttentionMasks:
                 f"attention layer types {sorted(kinds - self._KINDS)} are not supported"
             )
         self.window: int | None = getattr(config, "sliding_window", None) or None
-        self._per_kind = self.window is not None and "sliding_attention" in kinds
+        if isinstance(layer_types, list) and "sliding_attention" not in kinds:
+            self.window = None  # `layer_types` says which layers have it: here none (Qwen2's
+            # `max_window_layers` >= its layers keeps `sliding_window` set all the same)
+        self._per_kind = self.window is not None and isinstance(layer_types, list)
         self._dtype, self._device = dtype, device
         self._min = torch.finfo(dtype).min
 

@@ -34,6 +34,10 @@ FAMILIES = {
     "qwen2-sliding-window-on-layer-1": Qwen2Config(
         **_SIZES, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1
     ),
+    # The window is set, but `layer_types` gives it to no layer.
+    "qwen2-sliding-window-on-no-layer": Qwen2Config(
+        **_SIZES, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=2
+    ),
     "gemma2-alternating": Gemma2Config(
         **_SIZES, head_dim=16, sliding_window=WINDOW, final_logit_softcapping=5.0
     ),

@@ -120,7 +120,7 @@ def build_server(args: argparse.Namespace) -> TritonServer:
     try:  # bad values fail here, in a second, rather than in the model's load
         repository = write_repository(args.run_dir / "model_repository", model_path, parameters)
     except ValueError as exc:
-        raise SystemExit(f"--set: {exc}") from None
+        raise SystemExit(f"cannot serve {model_path}: {exc}") from None
     return TritonServer(
         model_repository=repository,
         http_port=args.http_port,

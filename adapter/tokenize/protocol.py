@@ -59,7 +59,8 @@ class TokenizeRequest(OpenAIRequest):
             raise InvalidRequestError(
                 "Send exactly one of `prompt` and `messages`.", parameter="prompt"
             )
-        check_chat_template_flags(self.add_generation_prompt, self.continue_final_message)
+        if self.messages is not None:  # the flags are the chat template's
+            check_chat_template_flags(self.add_generation_prompt, self.continue_final_message)
         self.reject_unsupported()
         return self
 

@@ -19,6 +19,8 @@ def test_tokenize_a_prompt(engine: FakeEngine, client: TestClient) -> None:
     assert (params.text, params.messages, params.add_special_tokens) == (TEXT, None, None)
     # The chat flags are for messages: preprocessing refuses them with a text.
     assert (params.add_generation_prompt, params.continue_final_message) == (None, None)
+    body = {"prompt": TEXT, "continue_final_message": True}  # a chat flag: no bearing on text
+    assert client.post("/tokenize", json=body).status_code == 200
 
 
 def test_tokenize_messages_to_continue(engine: FakeEngine, client: TestClient) -> None:

@@ -338,8 +338,8 @@ def test_children_die_with_a_killed_launcher(model_dir: Path, tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("pair", "message"),
     [
-        ("max_num_seqs=abc", "--set: config.pbtxt parameter `max_num_seqs` must be an integer"),
-        ("max_queue_size=0", "--set: max_queue_size must be >= 1, got 0"),
+        ("max_num_seqs=abc", "config.pbtxt parameter `max_num_seqs` must be an integer"),
+        ("max_queue_size=0", "max_queue_size must be >= 1, got 0"),
         ("model_path=/elsewhere", "--set model_path: give the model with --model-path"),
     ],
 )

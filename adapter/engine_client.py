@@ -45,8 +45,8 @@ class ModelInfo:
     @property
     def max_requests_at_once(self) -> int:
         """The most Triton requests one API request may make: all of them fit the engine on an
-        idle server (every slot, then the wait queue). A KV budget smaller than `max_num_seqs`
-        slots lowers the real figure, which only the model knows."""
+        idle server (every slot, then the wait queue, which also takes the slots a smaller KV
+        budget leaves out: `backend.engine_process.build_engine`)."""
         return self.max_num_seqs + self.max_queue_size
 
     @property

@@ -34,8 +34,6 @@ def served_context_length(config: Any, requested: int = 0) -> int:
                 "LongRoPE's original_max_position_embeddings: beyond it transformers switches "
                 "the whole batch to the long factors"
             )
-    if requested < 0:
-        raise ValueError(f"max_model_len must be >= 0, got {requested}")
     if not limit:
         if not requested:
             raise ValueError("the model's config gives no context length: set max_model_len")

@@ -207,6 +207,8 @@ class Engine:
         self._queued = 0
         """Requests submitted and not yet started or ended: `submit`'s bound, and the metric."""
         self._queued_lock = threading.Lock()
+        self._closed = False
+        """Set once by `_end_in_flight`: `submit` then refuses instead of queueing."""
         self._compiling: list[_Pending] = []
         """Out of the batch until their grammar is compiled."""
         self._compiled: deque[_Pending] = deque()
@@ -244,36 +246,32 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop the loop; requests still in flight get a final error response."""
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop the loop; requests still in flight get a final error response. The engine
+        thread ends them when its current step returns, so a step longer than `timeout_s` never
+        races the ending (a sink answered twice, or a queue walked while it changes)."""
         self._running = False
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-        for seq in self._active:
-            seq.sink.send_error(SHUTTING_DOWN, kind=BUSY)
-        self._active.clear()
-        waiting = [*self._waiting, *self._compiling, *self._compiled]
-        self._waiting.clear()
-        self._compiling.clear()
-        self._compiled.clear()
-        while not self._incoming.empty():
-            item = self._incoming.get_nowait()
-            if isinstance(item, _Pending):
-                waiting.append(item)
-        for pending in waiting:
-            self._leave_queue()
-            pending.sink.send_error(SHUTTING_DOWN, kind=BUSY)
-        if self._grammars is not None:
-            self._grammars.close()
-        if self._logprob_worker is not None:
-            self._logprob_worker.shutdown()
+        if self._thread is None:
+            self._end_in_flight()
+            return
+        self._thread.join(timeout=timeout_s)
+        if self._thread.is_alive():
+            logger.warning(
+                "the engine thread is still in a step after %.0f s; its requests end when it "
+                "returns",
+                timeout_s,
+            )
 
     def submit(self, params: GenerationParams, sink: OutputSink) -> None:
         """Queue a validated request; responses go to `sink` from the engine thread."""
         with self._queued_lock:
+            closed = self._closed
             waiting = self._queued
-            if waiting < self.max_queue_size:
+            if not closed and waiting < self.max_queue_size:
                 self._queued += 1
+        if closed:
+            sink.send_error(SHUTTING_DOWN, kind=BUSY)
+            return
         if waiting >= self.max_queue_size:
             sink.send_error(
                 f"{SERVER_BUSY}: {waiting} requests are waiting for a sequence slot; retry later",
@@ -290,7 +288,12 @@ class Engine:
             pending.deadline = time.monotonic() + self.grammar_compile_timeout_s
             if not pending.grammar.done():
                 pending.grammar.add_done_callback(lambda _: self._incoming.put(_WAKE))
-        self._incoming.put(pending)
+        with self._queued_lock:  # `_end_in_flight` drains `_incoming` once, under this lock
+            if not self._closed:
+                self._incoming.put(pending)
+                return
+        self._leave_queue()
+        sink.send_error(SHUTTING_DOWN, kind=BUSY)
 
     def _grammar_compiler(self) -> GrammarCompiler:
         """Made on the first structured-output request: only then is xgrammar imported (an
@@ -326,6 +329,30 @@ class Engine:
                     seq.sink.send_error(f"internal error: {exc}")
                 self._active.clear()
             self._publish_stats()
+        self._end_in_flight()
+
+    def _end_in_flight(self) -> None:
+        """After the loop: every request still active or queued gets its final error."""
+        with self._queued_lock:
+            self._closed = True
+            waiting = [*self._waiting, *self._compiling, *self._compiled]
+            while not self._incoming.empty():
+                item = self._incoming.get_nowait()
+                if isinstance(item, _Pending):
+                    waiting.append(item)
+        for seq in self._active:
+            seq.sink.send_error(SHUTTING_DOWN, kind=BUSY)
+        self._active.clear()
+        self._waiting.clear()
+        self._compiling.clear()
+        self._compiled.clear()
+        for pending in waiting:
+            self._leave_queue()
+            pending.sink.send_error(SHUTTING_DOWN, kind=BUSY)
+        if self._grammars is not None:
+            self._grammars.close()
+        if self._logprob_worker is not None:
+            self._logprob_worker.shutdown()
 
     def _admit(self) -> None:
         self._take_incoming(block=not (self._active or self._waiting or self._compiled))

@@ -4,6 +4,7 @@ with explicit-id rows)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -214,6 +215,58 @@ def test_stop_answers_queued_requests_that_never_started(runner: ModelRunner) ->
     engine.stop()
     assert sink.outputs == []
     assert (sink.error, sink.kind) == ("the model is shutting down", BUSY)
+
+
+class EveryCall(RecordingSink):
+    """Records every call, also those after the final one (which `RecordingSink` would assert
+    on the engine thread, where the loop's handler would swallow it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def send(self, output: Any) -> None:
+        self.calls.append("final" if output.finish_reason is not None else "output")
+        if not self.done.is_set():
+            super().send(output)
+
+    def send_error(self, message: str, *, kind: str = INTERNAL) -> None:
+        self.calls.append(f"error {kind}")
+        if not self.done.is_set():
+            super().send_error(message, kind=kind)
+
+
+def test_stop_during_a_step_longer_than_its_wait_ends_each_request_once_after_the_step(
+    runner: ModelRunner, monkeypatch: pytest.MonkeyPatch, passage: list[int]
+) -> None:
+    in_step, release = threading.Event(), threading.Event()
+    decode = runner.decode
+
+    def slow_decode(*args: Any, **kwargs: Any) -> Any:
+        in_step.set()
+        assert release.wait(WAIT_S)
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "decode", slow_decode)
+    engine = Engine(runner)
+    running, queued = EveryCall(), EveryCall()
+    params = GenerationParams(prompt_ids=passage[:5], max_tokens=50, ignore_eos=True)
+    engine.submit(params, running)
+    engine.start()
+    assert in_step.wait(WAIT_S)
+    engine.submit(params, queued)  # taken from the queue only after the step
+    engine.stop(timeout_s=0.01)
+    assert running.calls == ["output"] and queued.calls == []  # nothing ended under the step
+    release.set()
+    assert running.done.wait(WAIT_S) and queued.done.wait(WAIT_S)
+    assert engine._thread is not None
+    engine._thread.join(WAIT_S)
+    assert running.calls[-1] == f"error {BUSY}"  # its only end, after what the step sent
+    assert set(running.calls[:-1]) == {"output"}
+    assert queued.calls == [f"error {BUSY}"]
+    late = EveryCall()
+    engine.submit(params, late)
+    assert (late.calls, late.error) == ([f"error {BUSY}"], "the model is shutting down")
 
 
 class CancelledOnceAdmitted(RecordingSink):

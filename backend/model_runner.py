@@ -6,13 +6,13 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-import psutil
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from backend.context_length import served_context_length
 from backend.contract import DEFAULT_MAX_NUM_SEQS
 from backend.fast_decode import FastDecoder, unsupported_reason
+from backend.host_memory import available_bytes
 from backend.kv_cache import SlotKVCache, bytes_per_slot
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -37,10 +37,11 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def free_memory(device: torch.device) -> int:
-    """Bytes a KV cache could still take: free memory on the GPU, available RAM on CPU."""
+    """Bytes a KV cache could still take: free memory on the GPU, available RAM on CPU (within
+    a container's memory limit)."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
-    return int(psutil.virtual_memory().available)
+    return available_bytes()
 
 
 def eos_token_ids(model_path: str, tokenizer: Any) -> frozenset[int]:

@@ -109,7 +109,9 @@ class Preprocessor:
         none are added by default."""
         if (text is None) == (messages is None):
             raise InvalidInputError(
-                TEXT_INPUT, f"give exactly one of {TEXT_INPUT}, {MESSAGES}, {INPUT_IDS}"
+                TEXT_INPUT,
+                f"give exactly one of {TEXT_INPUT}, {MESSAGES}, {INPUT_IDS} (the ensemble takes "
+                f"{TEXT_INPUT} or {MESSAGES}; token ids go to llm's {INPUT_IDS})",
             )
         if text is not None:
             for name, flag in [

@@ -131,13 +131,19 @@ def test_add_special_tokens_is_forwarded(preprocessing_model: Any, model_dir: Pa
         assert ids_of(response) == tokenizer(model_dir)(TEXT)["input_ids"]
 
 
+ONE_INPUT = (
+    "TEXT_INPUT: give exactly one of TEXT_INPUT, MESSAGES, INPUT_IDS (the ensemble takes "
+    "TEXT_INPUT or MESSAGES; token ids go to llm's INPUT_IDS)"
+)
+
+
 @pytest.mark.parametrize(
     ("inputs", "message"),
     [
-        ({}, "TEXT_INPUT: give exactly one of TEXT_INPUT, MESSAGES, INPUT_IDS"),
+        ({}, ONE_INPUT),
         (
             {TEXT_INPUT: string("hi"), MESSAGES: string('[{"role": "user", "content": "hi"}]')},
-            "TEXT_INPUT: give exactly one of TEXT_INPUT, MESSAGES, INPUT_IDS",
+            ONE_INPUT,
         ),
         ({MESSAGES: string("not json")}, "MESSAGES: is not valid JSON: Expecting value"),
         ({MESSAGES: string("[]")}, "MESSAGES: must be a non-empty JSON list of messages"),

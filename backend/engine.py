@@ -180,7 +180,8 @@ class Engine:
         grammar_compile_timeout_s: float = 10.0,
         grammar_disable_any_whitespace: bool = False,
     ) -> None:
-        """`max_queue_size`: requests waiting for a slot beyond which new ones are refused.
+        """`max_queue_size`: requests waiting beyond the free slots, past which new ones are
+        refused (a request waits from `submit` until its first token).
         `grammar_compile_timeout_s`: a request whose structured output takes longer to compile
         is refused (the compile goes on, and its grammar is cached)."""
         self.runner = runner
@@ -267,12 +268,15 @@ class Engine:
         with self._queued_lock:
             closed = self._closed
             waiting = self._queued
-            if not closed and waiting < self.max_queue_size:
+            # Free slots are room too: a burst larger than the queue, on a server with slots
+            # free, is admitted at the next iteration, not refused.
+            accepted = waiting < self.max_queue_size + self.runner.num_slots - len(self._active)
+            if not closed and accepted:
                 self._queued += 1
         if closed:
             sink.send_error(SHUTTING_DOWN, kind=BUSY)
             return
-        if waiting >= self.max_queue_size:
+        if not accepted:
             sink.send_error(
                 f"{SERVER_BUSY}: {waiting} requests are waiting for a sequence slot; retry later",
                 kind=BUSY,
@@ -365,12 +369,13 @@ class Engine:
                 pending = self._waiting.popleft()
             else:
                 return
-            self._leave_queue()
             try:
                 self._start_sequence(pending)
             except Exception as exc:  # not yet in `_active`: answer it here, or it never ends
                 logger.exception("request %s failed to start", pending.params.request_id)
                 pending.sink.send_error(f"internal error: {exc}")
+            finally:  # once in `_active`: `submit` counts its room from both
+                self._leave_queue()
 
     def _take_incoming(self, block: bool) -> None:
         """Moves what `submit` queued to `_waiting` (or `_compiling`, grammar unfinished);

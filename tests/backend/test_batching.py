@@ -116,14 +116,15 @@ def test_cancelling_frees_slots_for_waiting_requests(model_dir):
 
 
 def test_a_full_queue_refuses_with_server_busy(model_dir):
-    """Nothing runs the engine here, so submitted requests stay queued."""
-    engine = Engine(ModelRunner(str(model_dir), max_num_seqs=1, max_model_len=64), max_queue_size=2)
-    queued = [RecordingSink() for _ in range(2)]
+    """Free slots count as room: a burst of max_num_seqs + max_queue_size requests on an idle
+    engine is accepted (nothing runs the engine here, so they stay queued), one more is not."""
+    engine = Engine(ModelRunner(str(model_dir), max_num_seqs=4, max_model_len=64), max_queue_size=2)
+    queued = [RecordingSink() for _ in range(6)]
     for sink in queued:
         engine.submit(GenerationParams(prompt_ids=[1]), sink)
     refused = RecordingSink()
     engine.submit(GenerationParams(prompt_ids=[1]), refused)
-    assert refused.kind == BUSY and "server busy" in refused.error
+    assert refused.kind == BUSY and "server busy: 6 requests are waiting" in refused.error
     assert not any(sink.done.is_set() for sink in queued)
     engine.stop()
     assert all(sink.kind == BUSY and "shutting down" in sink.error for sink in queued)

@@ -1,14 +1,16 @@
-"""token_bytes_table: the exact bytes of every model id (byte-level BPE and byte fallback)."""
+"""token_bytes_table: the exact bytes of every model id (byte-level BPE, byte fallback and
+Metaspace decoders)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, decoders, models
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from backend import default_model
+from backend.detokenizer import IncrementalDetokenizer
 from backend.token_bytes import token_bytes_table
 from tests.reference import tokenizer
 
@@ -80,3 +82,30 @@ def test_byte_fallback_tokens_give_their_byte_and_spaces_their_space() -> None:
     assert table[3:259] == [bytes([b]) for b in range(256)]
     assert table[259:263] == [b" ", b" hello", "é".encode(), b"wor ld"]
     assert table[263:] == [b"", b"", b""]
+
+
+def metaspace_tokenizer(prepend_scheme: str) -> PreTrainedTokenizerFast:
+    """A T5/XGLM-style Unigram tokenizer whose decoder is Metaspace (no Replace/ByteFallback)."""
+    vocab = [("<unk>", 0.0), ("<s>", 0.0), ("</s>", 0.0)]
+    vocab += [(piece, -1.0) for piece in ("▁Hello", "▁world", "▁", "wor", "ld", "!")]
+    backend = Tokenizer(models.Unigram(vocab, unk_id=0))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme=prepend_scheme)
+    backend.decoder = decoders.Metaspace(prepend_scheme=prepend_scheme)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+
+
+@pytest.mark.parametrize("prepend_scheme", ["always", "first"])
+def test_a_metaspace_decoders_continuation_keeps_its_spaces(prepend_scheme: str) -> None:
+    """Generated text is what decode() of prompt + output adds to decode() of the prompt, as
+    vLLM returns it; decode() of each token alone drops its space ("Helloworld")."""
+    tok = metaspace_tokenizer(prepend_scheme)
+    table = token_bytes_table(tok, len(tok))
+    assert table[3:9] == [b" Hello", b" world", b" ", b"wor", b"ld", b"!"]
+    prompt = tok.encode("Hello", add_special_tokens=False)
+    output = tok.encode("Hello world wor ld!", add_special_tokens=False)[1:]
+    detokenizer = IncrementalDetokenizer(table, frozenset(tok.all_special_ids))
+    text = "".join(detokenizer.push(i) for i in output) + detokenizer.flush()
+    expected = tok.decode(prompt + output)[len(tok.decode(prompt)) :]
+    assert text == expected == " world wor ld!"

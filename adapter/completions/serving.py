@@ -42,7 +42,9 @@ class CompletionChoiceBuilder:
     tokens' bytes decoded; with `logprobs` also its tokens, the first with null logprob and
     `top_logprobs`. `text_offset` is each token's character offset in the choice's text,
     counted by decoding the tokens' bytes incrementally, so it keeps running across chunks; a
-    token that only starts a multi-byte character gets that character's offset.
+    token that only starts a multi-byte character gets that character's offset. An echoed text
+    prompt need not be its tokens' bytes (a BOS, SentencePiece's leading space): its tokens'
+    offsets stop at its end, and the generated tokens' start there.
     """
 
     def __init__(self, request: CompletionRequest, params: TritonRequest) -> None:
@@ -89,6 +91,10 @@ class CompletionChoiceBuilder:
             for position in self._collector.prompt_positions(prompt):
                 self._add(lists, position)
         if self._prompt_text is not None:
+            end = len(self._prompt_text)
+            lists.text_offset[:] = [min(offset, end) for offset in lists.text_offset]
+            self._offset = end
+            self._decoder.reset()
             return self._prompt_text
         return b"".join(prompt.token_bytes).decode("utf-8", errors="replace")
 

@@ -267,6 +267,28 @@ def test_echo_of_a_text_prompt_without_generation(engine: FakeEngine, client: Te
     assert engine.requests[0][0].prompt_logprobs is None  # nothing asked of the prompt
 
 
+def test_echo_of_a_text_prompt_offsets_index_the_returned_text(
+    engine: FakeEngine, client: TestClient
+) -> None:
+    """The prompt's tokens decode to "<s> Hi" (a BOS, SentencePiece's space) while the echo is
+    the request's "Hi": the generated token's offset is where its text starts in the choice."""
+    engine.script = [
+        output(
+            tokens=[(12, b" there", -0.25)],
+            prompt=[(1, b"<s>", 0.0), (5, b" H", -1.0), (6, b"i", -0.5)],
+            finish_reason="length",
+            prompt_tokens=3,
+            completion_tokens=1,
+        )
+    ]
+    body = {"model": "tiny", "prompt": "Hi", "echo": True, "logprobs": 0, "max_tokens": 1}
+    choice = client.post(URL, json=body).json()["choices"][0]
+    assert choice["text"] == "Hi there"
+    assert choice["logprobs"]["tokens"] == ["<s>", " H", "i", " there"]
+    assert choice["logprobs"]["text_offset"] == [0, 2, 2, 2]
+    assert choice["text"][2:] == " there"
+
+
 def test_echo_streams_the_prompt_in_the_first_chunk(engine: FakeEngine, client: TestClient) -> None:
     prompt_output = output(
         tokens=[(12, b"!", -0.25)],

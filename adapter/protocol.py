@@ -40,7 +40,9 @@ VLLM_UNSUPPORTED: Mapping[str, tuple[Any, ...]] = {
     "min_p": (0,),
     "length_penalty": (1,),
     "skip_special_tokens": (True,),
-    "spaces_between_special_tokens": (True,),
+    # Either value: special tokens are always skipped, so no text lies between them (vLLM's
+    # fast-tokenizer path ignores it too).
+    "spaces_between_special_tokens": (True, False),
     "truncate_prompt_tokens": (),
     "bad_words": ([],),
     "prompt_logprobs": (),  # completions: `echo` with `logprobs` returns them

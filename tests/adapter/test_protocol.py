@@ -217,6 +217,7 @@ def test_unsupported_fields_are_rejected(
         (COMPLETIONS, completion(logprobs=0, logprob_token_ids=[3, 4], user="u", seed=3)),
         (COMPLETIONS, completion(prompt=["one prompt in a batch"], min_p=0)),
         (COMPLETIONS, completion(prompt=[[1, 2, 3]], skip_special_tokens=True)),
+        (CHAT, chat(spaces_between_special_tokens=False)),
         (CHAT, chat(tools=[], tool_choice="none", response_format={"type": "text"})),
         (CHAT, chat(logprobs=True, top_logprobs=0, metadata={"k": "v"}, store=False)),
         (CHAT, chat(logprobs=True, top_logprobs=5, logprob_token_ids=[1, 2])),

@@ -84,8 +84,10 @@ def register_error_handlers(app: FastAPI) -> None:
         return JSONResponse(body.model_dump(), status_code=exc.status_code, headers=exc.headers)
 
     async def _expected(_: Request, exc: Exception) -> JSONResponse:
-        if isinstance(exc, EngineError | EngineUnavailableError):
+        if isinstance(exc, EngineError):
             logger.error("request failed: %s", exc)
+        elif isinstance(exc, EngineUnavailableError):  # retryable: load shedding, a restart
+            logger.warning("request refused: %s", exc)
         return _json_error(exc)
 
     # Handled here, these end the request normally; left to the `Exception` handler they would

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from adapter.context import RequestIdFilter
-from adapter.errors import EngineError
+from adapter.errors import EngineError, EngineUnavailableError
 from tests.adapter.fakes import FakeEngine, output
 
 SECRET_PROMPT = "my-secret-prompt"
@@ -72,6 +72,23 @@ def test_log_lines_carry_the_request_id_and_no_prompt_or_output(
     ]
     assert {r.request_id for r in ours if "stream broke" in r.getMessage()} == {"r-2"}
     assert SECRET_PROMPT not in caplog.text and SECRET_OUTPUT not in caplog.text
+
+
+def test_a_failure_logs_an_error_and_a_busy_engine_a_warning(
+    engine: FakeEngine, client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Shedding load under overload is expected: an ERROR line per refused request would
+    flood the log that a real failure should stand out in."""
+    caplog.set_level(logging.INFO, logger="adapter")
+    engine.script = [EngineError("stream broke")]
+    assert client.post("/v1/completions", json=completion()).status_code == 500
+    engine.script = [EngineUnavailableError("server busy: 256 requests are waiting")]
+    assert client.post("/v1/completions", json=completion()).status_code == 503
+    levels = {r.getMessage(): r.levelname for r in caplog.records if r.name == "adapter.app"}
+    assert levels == {
+        "request failed: stream broke": "ERROR",
+        "request refused: server busy: 256 requests are waiting": "WARNING",
+    }
 
 
 def metric(text: str, name: str, **labels: str) -> float:

@@ -1,7 +1,9 @@
 """One vectorised sampling step for a batch of rows, each with its own parameters.
 
-Penalties, logit bias, allowed ids, min-tokens bans and grammar masks, then temperature, top-k
-and top-p, are applied as tensors over the batch, on a copy: the raw logits stay for logprobs.
+Logit bias, allowed ids and min-tokens bans, then penalties and grammar masks, then temperature,
+top-k and top-p, are applied as tensors over the batch, on a copy: the raw logits stay for
+logprobs. The bias comes before the penalties, as in vLLM (a logits processor there), so a
+biased id already seen gets (logit + bias) / repetition penalty.
 Randomness comes from each request's own `torch.Generator` (exponential race: argmax(p / q),
 q ~ Exp(1), which is sampling from p), so a seeded request draws the same tokens whatever else is
 in the batch.
@@ -21,9 +23,14 @@ if TYPE_CHECKING:
     from backend.grammar import RowMask
 
 
+SAMPLING_EPS = 1e-5
+"""A temperature below this is greedy, as vLLM's `_SAMPLING_EPS`: dividing the logits by 1e-38
+overflows float32 to inf, and a softmax over inf is NaN."""
+
+
 @dataclass
 class SamplingBatch:
-    temperature: torch.Tensor  # [B] fp32, 0 = greedy
+    temperature: torch.Tensor  # [B] fp32, below SAMPLING_EPS = greedy
     top_p: torch.Tensor  # [B] fp32
     top_k: torch.Tensor  # [B] int64, 0 = off
     generators: list[torch.Generator]
@@ -127,6 +134,8 @@ def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Float32 logits after penalties, bias and grammar masks (a new tensor; `logits` is not
     modified)."""
     out = logits.float().clone()
+    if batch.bias is not None:
+        out += batch.bias
     penalties = batch.penalties
     if penalties is not None:
         # vLLM / HF repetition penalty on ids seen in the prompt or output, then OpenAI's
@@ -137,8 +146,7 @@ def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         counts = penalties.output_counts.float()
         out -= penalties.frequency.unsqueeze(-1) * counts
         out -= penalties.presence.unsqueeze(-1) * (counts > 0).float()
-    if batch.bias is not None:
-        out += batch.bias
+        out.clamp_(max=torch.finfo(out.dtype).max)  # a tiny repetition penalty overflows
     if batch.grammar_mask is not None:
         batch.grammar_mask.apply(out)
     return out
@@ -185,10 +193,11 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
 
 
 def _sample_processed(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    greedy = batch.temperature <= 0
+    greedy = batch.temperature < SAMPLING_EPS
     if bool(greedy.all()):
         return argmax_rows(logits)
     scaled = logits.float() / torch.where(greedy, 1.0, batch.temperature).unsqueeze(-1)
+    scaled.clamp_(max=torch.finfo(scaled.dtype).max)  # a huge penalised logit over a small T
     if bool((batch.top_k > 0).any() or (batch.top_p < 1).any()):
         _filter_top_k_top_p(scaled, batch.top_k, batch.top_p)
     probs = scaled.softmax(dim=-1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.sampling import NO_TOKEN, SamplingBatch, sample
+from backend.sampling import NO_TOKEN, Penalties, SamplingBatch, process_logits, sample
 
 
 def generator(seed: int) -> torch.Generator:
@@ -184,3 +184,47 @@ def test_a_grammar_mask_gives_the_tokens_of_the_masked_logits(vocab: int) -> Non
         for row in constrained:
             token = int(tokens[row])
             assert (int(bits[row, token // 32]) >> (token % 32)) & 1
+
+
+@pytest.mark.parametrize("temperature", [1e-6, 1e-39, 1e-45])
+def test_a_temperature_below_vllms_epsilon_is_greedy(temperature: float) -> None:
+    """Dividing by it overflowed float32 to inf, and the NaN softmax gave id 0."""
+    rows = draws(LOGITS, 200, temperature=temperature)
+    assert (rows == int(LOGITS.argmax())).all()
+
+
+def penalised(
+    repetition: float, seen: list[int], bias: dict[int, float], rows: int = 1
+) -> SamplingBatch:
+    """`rows` rows of LOGITS' vocabulary with a repetition penalty on `seen` and `bias`."""
+    params = batch(rows, temperature=1.0)
+    vocab = len(LOGITS)
+    mask = torch.zeros(rows, vocab, dtype=torch.bool)
+    mask[:, seen] = True
+    params.penalties = Penalties(
+        presence=torch.zeros(rows),
+        frequency=torch.zeros(rows),
+        repetition=torch.full((rows,), repetition),
+        seen=mask,
+        output_counts=torch.zeros(rows, vocab, dtype=torch.int64),
+    )
+    params.bias = torch.zeros(rows, vocab)
+    for token, value in bias.items():
+        params.bias[:, token] = value
+    return params
+
+
+def test_logit_bias_comes_before_the_repetition_penalty_as_in_vllm() -> None:
+    """Id 0 (logit 1.0, seen, bias +3.5, penalty 2) against id 1 (2.5): vLLM's order gives
+    (1 + 3.5) / 2 = 2.25 and id 1 wins; the bias after the penalty gave 1 / 2 + 3.5 = 4.0."""
+    processed = process_logits(LOGITS[None], penalised(2.0, seen=[0], bias={0: 3.5}))
+    assert processed[0, 0].item() == pytest.approx(2.25)
+    greedy = penalised(2.0, seen=[0], bias={0: 3.5})
+    greedy.temperature = torch.zeros(1)
+    assert sample(LOGITS[None], greedy).item() == 1
+
+
+def test_a_tiny_repetition_penalty_gives_the_seen_id_not_a_nan_row() -> None:
+    """A seen positive logit (id 5's 0.9) over 1e-39 overflows float32; it is the id drawn."""
+    rows = penalised(1e-39, seen=[5], bias={}, rows=50)
+    assert (sample(LOGITS.expand(50, -1).clone(), rows) == 5).all()

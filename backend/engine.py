@@ -694,7 +694,10 @@ class Engine:
         piece = "" if hidden else seq.detokenizer.push(token)
         if reason is not None:
             piece += seq.detokenizer.flush()
-        text, hit_stop_string = seq.stop_matcher.push(piece)
+        # Stop strings count once the output exceeds min_tokens, as vLLM checks them.
+        text, hit_stop_string = seq.stop_matcher.push(
+            piece, search=seq.generated > seq.params.min_tokens
+        )
         if hit_stop_string:
             return text, STOP
         if reason is not None:

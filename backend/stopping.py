@@ -21,12 +21,20 @@ class StopStringMatcher:
         self._hold = max((len(s) for s in stops), default=1) - 1
         self._buffer = ""
 
-    def push(self, text: str) -> tuple[str, bool]:
-        """(text that can be emitted now, whether a stop string was found)."""
+    def push(self, text: str, search: bool = True) -> tuple[str, bool]:
+        """(text that can be emitted now, whether a stop string was found). Only a stop string
+        that ends in `text` counts, as in vLLM, which looks at new text only: with `search`
+        false (vLLM's `min_tokens` not yet reached) none is looked for, and one that ended
+        there is not found later."""
         if not self._stops:
             return text, False
+        new_from = len(self._buffer)
         self._buffer += text
-        hits = [(i, i + len(s)) for s in self._stops if (i := self._buffer.find(s)) >= 0]
+        hits = [
+            (i, i + len(s))
+            for s in self._stops
+            if search and (i := self._buffer.find(s, max(0, new_from - len(s) + 1))) >= 0
+        ]
         if hits:
             start, end = min(hits)
             emit, self._buffer = self._buffer[: end if self._include else start], ""

@@ -158,6 +158,28 @@ def test_allowed_ids_that_min_tokens_all_bans_are_invalid(
     assert sink.token_ids == []
 
 
+def test_stop_strings_count_only_once_the_output_exceeds_min_tokens(
+    engine: Engine, passage: list[int]
+) -> None:
+    """As vLLM: a space in the first 20 tokens' text does not stop a request with min_tokens
+    20; the first one in a later token's text does, cut there."""
+    greedy = GenerationParams(prompt_ids=passage[:5], max_tokens=40, ignore_eos=True)
+    [free] = run(engine, [greedy])
+    texts = [out.text for out in free.outputs]
+    text, first_20 = "".join(texts), len("".join(texts[:20]))
+    assert " " in text[:first_20] and " " in text[first_20:]
+    held = GenerationParams(
+        prompt_ids=passage[:5], max_tokens=40, ignore_eos=True, min_tokens=20, stop=[" "]
+    )
+    sink = RecordingSink()
+    engine.submit(held, sink)
+    assert sink.done.wait(WAIT_S)
+    assert sink.outputs[-1].finish_reason == "stop"
+    assert "".join(out.text for out in sink.outputs) == text[: text.index(" ", first_20)]
+    assert sink.token_ids == free.token_ids[: len(sink.token_ids)]
+    assert len(sink.token_ids) > 20
+
+
 @pytest.mark.parametrize("max_tokens", [0, 2])
 def test_a_one_token_prompt_has_empty_prompt_logprob_rows(
     engine: Engine, model_dir: Path, max_tokens: int

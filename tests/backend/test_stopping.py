@@ -89,6 +89,17 @@ def test_flush_without_a_stop_returns_every_character_once() -> None:
     assert "".join(emitted) == "STOp ST"
 
 
+def test_under_min_tokens_no_stop_is_looked_for_and_one_that_ended_there_is_not_found_later() -> (
+    None
+):
+    """vLLM checks stop strings once the output exceeds min_tokens, in the new text only."""
+    matcher = StopStringMatcher(["STOP"])
+    assert matcher.push("a STOP b", search=False) == ("a STO", False)  # held: "P b"
+    assert matcher.push("c", search=True) == ("P", False)  # "STOP" ended before: not a stop
+    assert matcher.push(" ST", search=False) == (" bc", False)  # held: " ST"
+    assert matcher.push("OP!", search=True) == (" ", True)  # began under it, ends now: a stop
+
+
 def test_stop_id_wins_over_length() -> None:
     assert (
         token_stop_reason(

@@ -145,6 +145,7 @@ class ChatCompletionRequest(GenerationRequest):
         "verbosity": (),
         "web_search_options": (),
         "use_beam_search": (False,),
+        "best_of": (1,),
         "prompt_logprob_token_ids": (),  # completions only: it needs `echo` of the prompt
         "chat_template": (),
         "chat_template_kwargs": ({},),

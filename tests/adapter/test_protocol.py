@@ -200,6 +200,7 @@ UNSUPPORTED_CASES = [
     (CHAT, chat(tool_choice="auto"), "tool_choice"),
     (CHAT, chat(tool_choice={"type": "function", "function": {"name": "f"}}), "tool_choice"),
     (CHAT, chat(prompt_logprob_token_ids=[1]), "prompt_logprob_token_ids"),
+    (CHAT, chat(best_of=2), "best_of"),
 ]
 
 

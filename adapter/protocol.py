@@ -37,7 +37,6 @@ FLOAT32_MAX = 3.4028234663852886e38
 # the engine does not implement yet: accepted only at their neutral value, else a 400. An empty
 # tuple means only null / absent is accepted.
 VLLM_UNSUPPORTED: Mapping[str, tuple[Any, ...]] = {
-    "min_p": (0,),
     "length_penalty": (1,),
     "skip_special_tokens": (True,),
     # Either value: special tokens are always skipped, so no text lies between them (vLLM's
@@ -519,6 +518,11 @@ class GenerationRequest(OpenAIRequest):
     top_k: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = Field(
         default=None, description="Sample from the k most likely tokens; -1 or 0: off."
     )
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        default=None,
+        description="After temperature, drop the ids less probable than min_p times the most "
+        "probable one's; 0: off.",
+    )
     repetition_penalty: Annotated[float, Field(gt=0)] | None = Field(
         default=None,
         description="The logits of ids in the prompt or the output: positive ones divided by "
@@ -649,6 +653,7 @@ class GenerationRequest(OpenAIRequest):
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=None if self.top_k is None else max(self.top_k, 0),
+            min_p=self.min_p,
             seed=self.seed,
             stop=normalize_stop(self.stop),
             stop_token_ids=tuple(self.stop_token_ids or ()),

@@ -80,6 +80,7 @@ SAMPLING_TENSOR_PARAMS: Mapping[str, str] = {
     contract.TEMPERATURE: "temperature",
     contract.TOP_P: "top_p",
     contract.TOP_K: "top_k",
+    contract.MIN_P: "min_p",
     contract.SEED: "seed",
     contract.STOP: "stop",
     contract.STOP_TOKEN_IDS: "stop_token_ids",

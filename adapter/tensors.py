@@ -46,6 +46,7 @@ class TritonRequest:
     top_p: float | None = None
     top_k: int | None = None
     """0 disables top-k."""
+    min_p: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
@@ -141,6 +142,7 @@ def llm_inputs(
         (contract.TEMPERATURE, params.temperature, np.float32),
         (contract.TOP_P, params.top_p, np.float32),
         (contract.TOP_K, params.top_k, np.int32),
+        (contract.MIN_P, params.min_p, np.float32),
         (contract.SEED, params.seed, np.int64),
         (contract.INCLUDE_STOP_STR_IN_OUTPUT, params.include_stop_str_in_output, np.bool_),
         (contract.IGNORE_EOS, params.ignore_eos, np.bool_),

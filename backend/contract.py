@@ -64,6 +64,7 @@ MAX_TOKENS = _tensor("MAX_TOKENS", "INT32", 1)
 TEMPERATURE = _tensor("TEMPERATURE", "FP32", 1)
 TOP_P = _tensor("TOP_P", "FP32", 1)
 TOP_K = _tensor("TOP_K", "INT32", 1)
+MIN_P = _tensor("MIN_P", "FP32", 1)
 SEED = _tensor("SEED", "INT64", 1)
 STOP = _tensor("STOP", "STRING", -1)
 STOP_TOKEN_IDS = _tensor("STOP_TOKEN_IDS", "INT32", -1)
@@ -121,6 +122,7 @@ GENERATION_INPUTS = (
     TEMPERATURE,
     TOP_P,
     TOP_K,
+    MIN_P,
     SEED,
     STOP,
     STOP_TOKEN_IDS,

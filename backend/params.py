@@ -40,6 +40,9 @@ class GenerationParams:
     top_p: float = 1.0
     top_k: int = 0
     """0 (or -1) disables top-k filtering."""
+    min_p: float = 0.0
+    """vLLM's: after temperature, ids less probable than min_p x the most probable one's are
+    dropped; 0 disables it."""
     seed: int | None = None
     """Same seed, same tokens; None draws a random seed."""
     stop: list[str] = field(default_factory=list)

@@ -25,6 +25,7 @@ from backend.contract import (
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
     MAX_TOKENS,
+    MIN_P,
     MIN_TOKENS,
     NEG_INF_LOGPROB,
     OUTPUT_IDS,
@@ -145,6 +146,11 @@ def parse_request(
         if top_k < -1:
             raise InvalidInputError(TOP_K, f"must be >= 0 (or -1 for off), got {top_k}")
         params.top_k = max(top_k, 0)
+    min_p = _scalar(arrays, MIN_P, "f")
+    if min_p is not None:
+        if not 0.0 <= min_p <= 1.0:
+            raise InvalidInputError(MIN_P, f"must be in [0, 1], got {min_p}")
+        params.min_p = min_p
     params.seed = _scalar(arrays, SEED, "iu")
     params.stop = _stop_strings(arrays)
     stop_ids = _int_list(arrays, STOP_TOKEN_IDS) or []

@@ -74,6 +74,7 @@ def generation_params(draw: st.DrawFn) -> tuple[TritonRequest, list[int]]:
         temperature=draw(optional(st.floats(0, 2, width=32))),
         top_p=draw(optional(st.floats(0, 1, width=32, exclude_min=True))),
         top_k=draw(optional(st.integers(0, 100))),
+        min_p=draw(optional(st.floats(0, 1, width=32))),
         seed=draw(optional(st.integers(-(2**63), 2**63 - 1))),
         stop=tuple(draw(st.lists(st.text(min_size=1, max_size=5), max_size=3))),
         stop_token_ids=draw(distinct_ids),
@@ -125,6 +126,7 @@ def test_the_engine_parses_what_the_adapter_sends(drawn) -> None:
     assert parsed.temperature == f32_value(params.temperature, defaults.temperature)
     assert parsed.top_p == f32_value(params.top_p, defaults.top_p)
     assert parsed.top_k == (params.top_k or 0)
+    assert parsed.min_p == f32_value(params.min_p, defaults.min_p)
     assert parsed.seed == params.seed
     assert parsed.stop == list(params.stop)
     assert parsed.stop_token_ids == list(params.stop_token_ids)

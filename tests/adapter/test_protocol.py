@@ -101,6 +101,7 @@ STANDARD_CASES = [
     (CHAT, chat(frequency_penalty=-3), "frequency_penalty", "greater than or equal to -2"),
     (COMPLETIONS, completion(repetition_penalty=0), "repetition_penalty", "greater than 0"),
     (COMPLETIONS, completion(min_tokens=-1), "min_tokens", "greater than or equal to 0"),
+    (CHAT, chat(min_p=1.5), "min_p", "less than or equal to 1"),
     (COMPLETIONS, completion(min_tokens=20), "min_tokens", "at most the token limit (16)"),
     (CHAT, chat(min_tokens=3, max_completion_tokens=2), "min_tokens", "token limit (2)"),
     (CHAT, chat(allowed_token_ids=[]), "allowed_token_ids", "must not be empty"),
@@ -191,7 +192,7 @@ UNSUPPORTED_CASES = [
     (COMPLETIONS, completion(best_of=2), "best_of"),
     (COMPLETIONS, completion(suffix="!"), "suffix"),
     (COMPLETIONS, completion(use_beam_search=True), "use_beam_search"),
-    (COMPLETIONS, completion(min_p=0.1), "min_p"),
+    (COMPLETIONS, completion(length_penalty=0.5), "length_penalty"),
     (COMPLETIONS, completion(prompt_logprobs=1), "prompt_logprobs"),
     (COMPLETIONS, completion(guided_json={"type": "object"}), "guided_json"),
     (CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
@@ -318,6 +319,7 @@ def test_completion_request_to_generation_params() -> None:
         temperature=0,
         top_p=0.5,
         top_k=4,
+        min_p=0.25,
         seed=11,
         ignore_eos=True,
         stop=["a", "b"],
@@ -327,6 +329,7 @@ def test_completion_request_to_generation_params() -> None:
     ).to_generation_params()
     assert (text.text, text.prompt_ids, text.max_tokens) == ("Hi", None, 3)
     assert (text.temperature, text.top_p, text.top_k, text.seed) == (0, 0.5, 4, 11)
+    assert text.min_p == 0.25
     assert (text.ignore_eos, text.stop, text.stop_token_ids) == (True, ("a", "b"), (2,))
     assert (text.logprobs, text.logprob_token_ids, text.add_special_tokens) == (2, (), False)
     assert CompletionRequest(prompt="Hi").to_generation_params()[0].logprobs is None

@@ -20,6 +20,7 @@ def batch(
     top_p: float | list[float] = 1.0,
     top_k: int | list[int] = 0,
     generators: list[torch.Generator] | None = None,
+    min_p: float | None = None,
 ) -> SamplingBatch:
     def column(value: float | list[float], dtype: torch.dtype) -> torch.Tensor:
         values = value if isinstance(value, list) else [value] * rows
@@ -30,6 +31,7 @@ def batch(
         top_p=column(top_p, torch.float32),
         top_k=column(top_k, torch.int64),
         generators=generators or [generator(row) for row in range(rows)],
+        min_p=None if min_p is None else column(min_p, torch.float32),
     )
 
 
@@ -184,6 +186,19 @@ def test_a_grammar_mask_gives_the_tokens_of_the_masked_logits(vocab: int) -> Non
         for row in constrained:
             token = int(tokens[row])
             assert (int(bits[row, token // 32]) >> (token % 32)) & 1
+
+
+def test_min_p_keeps_ids_at_least_that_share_of_the_most_probable() -> None:
+    """Probs 0.5, 0.3, 0.15, 0.05: min_p 0.5 keeps 0.5 and 0.3 (>= 0.25), renormalised to
+    0.625 / 0.375; at temperature 2 the probs flatten and 0.15 passes too."""
+    logits = torch.tensor([0.15, 0.5, 0.05, 0.3]).log()
+    n = 40000
+    counts = torch.bincount(draws(logits, n, seed=5, min_p=0.5), minlength=4).double() / n
+    probs = torch.tensor([0.0, 0.625, 0.0, 0.375], dtype=torch.float64)
+    tolerance = 4.5 * (probs * (1 - probs) / n).sqrt()
+    assert ((counts - probs).abs() <= tolerance).all(), counts
+    hot = draws(logits, 4000, seed=6, min_p=0.5, temperature=2.0)
+    assert set(hot.tolist()) == {0, 1, 3}  # sqrt(0.15 / 0.5) = 0.55 >= 0.5; sqrt(0.1) < 0.5
 
 
 @pytest.mark.parametrize("temperature", [1e-6, 1e-39, 1e-45])

@@ -1,8 +1,10 @@
 """Sampling fields through the real adapter and tritonserver: `n`, `seed`, stop rules,
-`logit_bias`, `allowed_token_ids`, penalties, `min_tokens`. They change sampling, never the
+`logit_bias`, `allowed_token_ids`, `min_p`, penalties, `min_tokens`. They change sampling, never the
 reported (raw) logprobs."""
 
 from __future__ import annotations
+
+import math
 
 import httpx
 import openai
@@ -151,6 +153,30 @@ def test_allowed_token_ids_restrict_sampling(openai_client: openai.OpenAI, model
     )
     for i, entry in enumerate(response.choices[0].logprobs.content):
         assert abs(entry.logprob - ref[i, ids[i]]) < ATOL  # raw, over the whole vocabulary
+
+
+@pytest.mark.parametrize("min_p", [1.0, 0.3])
+def test_min_p_samples_only_ids_that_probable_after_temperature(
+    openai_client: openai.OpenAI, model_dir, min_p: float
+) -> None:
+    """Each sampled id's probability at temperature 1.5 (float64 reference) is at least min_p
+    times the most probable id's; min_p 1 leaves only the argmax."""
+    response = openai_client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        seed=9,
+        logprobs=0,
+        **{
+            **HOT,
+            "extra_body": {"ignore_eos": True, "min_p": min_p, "return_tokens_as_token_ids": True},
+        },
+    )
+    ids = [token_id(t) for t in response.choices[0].logprobs.tokens]
+    ref = reference_logprobs(model_dir, text_prompt_ids(model_dir, PROMPT), ids)
+    scaled = ref / HOT["temperature"]
+    for position, sampled in enumerate(ids):
+        share = math.exp(scaled[position, sampled] - scaled[position].max())
+        assert share >= min_p - 1e-4, (position, share)
 
 
 @pytest.mark.parametrize(

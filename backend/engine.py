@@ -85,6 +85,8 @@ class _Pending:
     grammar: Future[xgr.CompiledGrammar] | None = None
     deadline: float = 0.0
     """When a compile still running makes the request fail (monotonic seconds)."""
+    started: bool = False
+    """In `_active`: it left the queue as it joined the batch (`Engine._activate`)."""
 
 
 _WAKE = object()
@@ -374,8 +376,18 @@ class Engine:
             except Exception as exc:  # not yet in `_active`: answer it here, or it never ends
                 logger.exception("request %s failed to start", pending.params.request_id)
                 pending.sink.send_error(f"internal error: {exc}")
-            finally:  # once in `_active`: `submit` counts its room from both
-                self._leave_queue()
+            finally:
+                if not pending.started:  # it ended at once, or failed
+                    self._leave_queue()
+            self._publish_stats()  # in its own process, its first token leaves with the stats
+
+    def _activate(self, pending: _Pending, seq: _Sequence) -> None:
+        """Moves a started request from the queue's count to the batch in one step, so that
+        `submit`, which counts its room from both, never sees it in neither or in both."""
+        with self._queued_lock:
+            self._active.append(seq)
+            self._queued -= 1
+        pending.started = True
 
     def _take_incoming(self, block: bool) -> None:
         """Moves what `submit` queued to `_waiting` (or `_compiling`, grammar unfinished);
@@ -477,8 +489,7 @@ class Engine:
         self._sample([seq], logits[-1:])
         self._send_sampled()
         if not seq.finished:
-            self._active.append(seq)
-        self._publish_stats()  # in its own process, the engine's outputs leave with the stats
+            self._activate(pending, seq)
 
     def _prompt_logprobs(self, params: GenerationParams, logits: torch.Tensor) -> PromptLogprobs:
         """One kernel call over the prompt positions: position i scores token i + 1, and every

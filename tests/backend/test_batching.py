@@ -139,6 +139,36 @@ class LeavingSink(RecordingSink):
         return self.left
 
 
+def test_a_request_counts_as_queued_or_active_never_both_while_it_starts(model_dir):
+    """One slot, a queue of one: while the first request starts (its first token out, the
+    stats published), one more request fits and a third does not. Counted in both places for
+    a moment, it refused the second; counted in neither, it took the third."""
+    engine = Engine(ModelRunner(str(model_dir), max_num_seqs=1, max_model_len=64), max_queue_size=1)
+    running, queued, refused = LeavingSink(), RecordingSink(), RecordingSink()
+    long = GenerationParams(prompt_ids=[1, 2], max_tokens=50, ignore_eos=True)
+    short = GenerationParams(prompt_ids=[1, 2], max_tokens=2, ignore_eos=True)
+
+    def submit_once_it_streams(_) -> None:  # on the engine thread, at each publish
+        if running.outputs and not queued.outputs and queued.error is None and not submitted:
+            submitted.append(True)
+            engine.submit(short, queued)
+            engine.submit(short, refused)
+
+    submitted: list[bool] = []
+    engine._on_stats = submit_once_it_streams
+    engine.submit(long, running)
+    engine.start()
+    try:
+        assert refused.done.wait(60)
+        assert refused.kind == BUSY and "server busy: 1 requests are waiting" in refused.error
+        running.left = True  # frees the slot for the queued one
+        assert queued.done.wait(60) and running.done.wait(60)
+    finally:
+        engine.stop()
+    assert (queued.error, len(queued.token_ids)) == (None, 2)
+    assert running.kind == CANCELLED
+
+
 def test_a_waiting_request_whose_client_left_ends_at_once(model_dir):
     """It neither waits for a slot to free nor keeps its place in the queue (vLLM aborts it
     too); wake-ups from finished compiles are not counted as waiting. One iteration's

@@ -48,7 +48,7 @@ class OpenAIServingGenerativeScoring(OpenAIServing):
         label_param = "label_token_ids" if request.labels is None else "labels"
         self.check_id_count(info, request.label_token_ids or request.labels, label_param)
         request_id = f"generative-scoring-{request.request_id or current_request_id()}"
-        label_ids = request.label_token_ids or await self._first_tokens(
+        label_ids = request.label_token_ids or await self._label_tokens(
             request.labels or [], request_id
         )
         query, *items = await gather_all(
@@ -119,20 +119,26 @@ class OpenAIServingGenerativeScoring(OpenAIServing):
                 parameter="query",
             )
 
-    async def _first_tokens(self, labels: Sequence[str], request_id: str) -> list[int]:
-        """Each label's first token; two labels sharing it could not be told apart."""
+    async def _label_tokens(self, labels: Sequence[str], request_id: str) -> list[int]:
+        """Each label's token. A label of several tokens is refused: its first token alone
+        (the space before " yes", say) would score something else; two labels of one token
+        could not be told apart."""
         tokenized = await gather_all(
             self._ids(label, False, f"{request_id}-label-{i}", "labels")
             for i, label in enumerate(labels)
         )
-        first: dict[int, str] = {}
+        token_of: dict[int, str] = {}
         for label, ids in zip(labels, tokenized, strict=True):
-            if not ids:
-                raise InvalidRequestError(f"`labels`: {label!r} has no tokens.", parameter="labels")
-            if ids[0] in first:
+            if len(ids) != 1:
                 raise InvalidRequestError(
-                    f"`labels` {first[ids[0]]!r} and {label!r} both start with token {ids[0]}.",
+                    f"`labels`: {label!r} is {len(ids)} tokens {list(ids)}, not one; score "
+                    "chosen ids with `label_token_ids`.",
                     parameter="labels",
                 )
-            first[ids[0]] = label
-        return list(first)
+            if ids[0] in token_of:
+                raise InvalidRequestError(
+                    f"`labels` {token_of[ids[0]]!r} and {label!r} are both token {ids[0]}.",
+                    parameter="labels",
+                )
+            token_of[ids[0]] = label
+        return list(token_of)

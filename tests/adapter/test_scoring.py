@@ -37,7 +37,14 @@ def scored(params: TritonRequest) -> Script:
 @pytest.fixture(autouse=True)
 def _scoring_engine(engine: FakeEngine) -> None:
     engine.respond = scored
-    engine.tokens = {"Q": [5, 6], "a": [7], "bc": [8, 9], "Yes": [20, 99], "No": [30]}
+    engine.tokens = {
+        "Q": [5, 6],
+        "a": [7],
+        "bc": [8, 9],
+        "Yes": [20],
+        "No": [30],
+        "Maybe": [40, 41],
+    }
 
 
 def test_softmax_over_the_labels(engine: FakeEngine, client: TestClient) -> None:
@@ -76,7 +83,7 @@ def test_raw_probabilities_item_first_and_token_ids(client: TestClient) -> None:
     assert item["token_probs"] == pytest.approx({"20": math.exp(-3.0)})  # prompt [5, 6, 8, 9]
 
 
-def test_labels_score_their_first_tokens(engine: FakeEngine, client: TestClient) -> None:
+def test_labels_score_their_tokens(engine: FakeEngine, client: TestClient) -> None:
     body = {"query": "Q", "items": ["a"], "labels": ["Yes", "No"]}
     result = client.post(URL, json=body).json()
     assert result["label_token_ids"] == [20, 30]
@@ -100,7 +107,12 @@ def test_labels_score_their_first_tokens(engine: FakeEngine, client: TestClient)
         ({"query": "Q", "items": [[1, "x"]], "label_token_ids": [1]}, "items", "integer"),
         ({"query": [1.5], "items": ["a"], "label_token_ids": [1]}, "query", "integer"),
         ({"query": "Q", "items": ["a"], "labels": [""]}, "labels", "an empty label"),
-        ({"query": "Q", "items": ["a"], "labels": ["Yes", "Yes"]}, "labels", "both start"),
+        ({"query": "Q", "items": ["a"], "labels": ["Yes", "Yes"]}, "labels", "both token 20"),
+        (
+            {"query": "Q", "items": ["a"], "labels": ["Yes", "Maybe"]},
+            "labels",
+            "'Maybe' is 2 tokens [40, 41], not one",
+        ),
         ({"query": "Q", "items": ["a"], "label_token_ids": list(range(9))}, "label_token_ids", "8"),
         # as X-Request-Id: nothing that could forge a log line or a Triton id
         (

@@ -33,15 +33,63 @@ _SUBSCHEMA = (
 )
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_UNENFORCED = ("uniqueItems", "contains", "minContains", "maxContains", "not", "if", "then", "else")
+_UNENFORCED = (
+    "uniqueItems",
+    "contains",
+    "minContains",
+    "maxContains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "dependentRequired",
+    "dependentSchemas",
+    "dependencies",
+)
+_ANNOTATIONS = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "$comment",
+        "$schema",
+        "$id",
+        "$anchor",
+        "$defs",
+        "definitions",
+        "discriminator",
+    }
+)
+"""Keywords that assert nothing (OpenAPI's `discriminator`, which pydantic writes beside `oneOf`,
+included): beside `$ref`, `anyOf` or `oneOf`, these are all xgrammar keeps."""
+_TYPE_BOUNDS = (
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+    "minProperties",
+    "maxProperties",
+)
+"""Bounds of one JSON type, which xgrammar applies only under that `type`."""
 
 
 def unenforced_keyword(schema: Any, path: str = "") -> str | None:
     """The first assertion of `schema` that xgrammar's grammar would not hold the output to,
     as "where: what", or None. Measured on xgrammar 0.2.9 (docs/design.md, "Structured
     outputs"): it compiles these and lets outputs that break them through, so they are refused
-    rather than promised. `oneOf` is read as `anyOf`, and `format` and `content*` are
-    annotations in JSON Schema 2020-12, as xgrammar reads them."""
+    rather than promised. `oneOf` is read as `anyOf` (left served: pydantic writes it for
+    unions whose branches cannot overlap), and `format` and `content*` are annotations in JSON
+    Schema 2020-12; xgrammar holds some of them anyway, which only narrows the output."""
     if not isinstance(schema, dict):
         return None
     where = path or "the schema"
@@ -50,6 +98,20 @@ def unenforced_keyword(schema: Any, path: str = "") -> str | None:
             return f"{where}: `{keyword}`"
     if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
         return f"{where}: `allOf` of more than one schema"
+    for combinator in ("$ref", "anyOf", "oneOf"):
+        beside = sorted(set(schema) - _ANNOTATIONS - {combinator})
+        if combinator in schema and beside:
+            return f"{where}: `{combinator}` beside `{beside[0]}`"
+    if "type" not in schema and "enum" not in schema and "const" not in schema:
+        bound = next((keyword for keyword in _TYPE_BOUNDS if keyword in schema), None)
+        if bound is not None:
+            return f"{where}: `{bound}` without a `type`"
+    required = schema.get("required")
+    if isinstance(required, list):
+        defined = schema.get("properties")
+        missing = [n for n in required if not isinstance(defined, dict) or n not in defined]
+        if missing:
+            return f"{where}: `required` {missing[0]!r}, which `properties` does not define"
     if "pattern" in schema and ("minLength" in schema or "maxLength" in schema):
         return f"{where}: `pattern` with `minLength` or `maxLength`"
     step = schema.get("multipleOf")

@@ -346,6 +346,42 @@ UNENFORCED = [  # (schema, an instance it refuses, what the 400 names)
         1,
         "$defs.n: `not`",
     ),
+    ({"type": "object", "required": ["answer"]}, {}, "`required` 'answer', which `properties`"),
+    ({"allOf": [{"type": "object", "required": ["a"]}]}, {}, "allOf.0: `required` 'a'"),
+    (
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}},
+            "anyOf": [{"required": ["a"]}],
+        },
+        {},
+        "`anyOf` beside `properties`",
+    ),
+    (
+        {"$defs": {"p": {"type": "integer"}}, "$ref": "#/$defs/p", "minimum": 1000},
+        97,
+        "`$ref` beside",
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "dependentRequired": {"a": ["b"]},
+        },
+        {"a": 1},
+        "`dependentRequired`",
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}},
+            "dependentSchemas": {"a": {"required": ["b"]}},
+        },
+        {"a": 1},
+        "`dependentSchemas`",
+    ),
+    ({"minimum": 5}, 1, "`minimum` without a `type`"),
+    ({"maxLength": 2}, "abc", "`maxLength` without a `type`"),
 ]
 
 
@@ -375,6 +411,27 @@ def test_what_xgrammar_does_not_enforce_is_refused(schema: dict, instance, named
         {"type": "integer", "multipleOf": 7},
         {"type": "string", "format": "mycustom"},  # an annotation, as in JSON Schema 2020-12
         {"enum": [{"not": 1}, {"uniqueItems": True}]},  # values, not schemas
+        # as pydantic writes them: an optional bounded field, a described model field, a
+        # discriminated union
+        {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}], "default": None},
+        {"$ref": "#/$defs/M", "description": "d", "$defs": {"M": {"type": "object"}}},
+        {
+            "oneOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/B"}],
+            "discriminator": {"propertyName": "kind"},
+            "$defs": {
+                "A": {
+                    "type": "object",
+                    "properties": {"kind": {"const": "a"}},
+                    "required": ["kind"],
+                },
+                "B": {
+                    "type": "object",
+                    "properties": {"kind": {"const": "b"}},
+                    "required": ["kind"],
+                },
+            },
+        },
+        {"enum": ["x", "y"], "maxLength": 1},
     ],
 )
 def test_what_xgrammar_enforces_is_accepted(schema: dict) -> None:

@@ -292,6 +292,12 @@ class StructuredOutputsParams(OpenAIBaseModel):
     def to_structured_output(self) -> StructuredOutput:
         param = "structured_outputs"
         self.reject_unsupported(parent=param)
+        unknown = sorted(set(self.model_extra or ()) - set(self.unsupported))
+        if unknown:  # vLLM's dataclass refuses them too: a misspelt flag must not be lost
+            raise InvalidRequestError(
+                f"`structured_outputs.{unknown[0]}` is not a field of `structured_outputs`.",
+                parameter=param,
+            )
         kinds = {
             "json": self.json_,
             "regex": self.regex,

@@ -430,6 +430,15 @@ class Engine:
             assert pending.grammar is not None
             if pending.grammar.done():
                 self._compiled.append(pending)
+            elif now >= pending.deadline and not pending.grammar.running():
+                # Other requests' specs held every compile thread: the load's fault, not the
+                # request's (it compiles later, and is cached).
+                self._leave_queue()
+                pending.sink.send_error(
+                    f"{SERVER_BUSY}: every grammar compile thread was busy for "
+                    f"{self.grammar_compile_timeout_s:g} s; retry later",
+                    kind=BUSY,
+                )
             elif now >= pending.deadline:
                 self._leave_queue()
                 pending.sink.send_error(

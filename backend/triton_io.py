@@ -24,6 +24,7 @@ from backend.contract import (
     LOGPROBS,
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
+    MAX_STRUCTURED_OUTPUT_CHARS,
     MAX_TOKENS,
     MIN_P,
     MIN_TOKENS,
@@ -188,6 +189,11 @@ def _structured_output(arrays: Mapping[str, np.ndarray]) -> StructuredOutput | N
         return None
     if len(texts) != 1:
         raise InvalidInputError(STRUCTURED_OUTPUT, f"holds {len(texts)} specs, one is allowed")
+    if len(texts[0]) > MAX_STRUCTURED_OUTPUT_CHARS:
+        raise InvalidInputError(
+            STRUCTURED_OUTPUT,
+            f"the spec has {len(texts[0])} characters, at most {MAX_STRUCTURED_OUTPUT_CHARS}",
+        )
     try:
         return StructuredOutput.from_json(texts[0])
     except ValueError as exc:

@@ -98,6 +98,11 @@ BAD = [
         "got 2 (regex, choice)",
     ),
     ({"structured_outputs": {"choice": []}}, "structured_outputs", "non-empty list"),
+    (
+        {"structured_outputs": {"regex": "a", "disable_any_whitepsace": True}},
+        "structured_outputs",
+        "`structured_outputs.disable_any_whitepsace` is not a field",
+    ),
     ({"structured_outputs": {"choice": ["a", ""]}}, "structured_outputs", "non-empty list"),
     (
         {"structured_outputs": {"json": "{not json"}},

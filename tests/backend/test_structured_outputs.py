@@ -16,8 +16,9 @@ import pytest
 from backend import contract
 from backend.default_model import PASSAGE
 from backend.engine import Engine
+from backend.grammar import COMPILE_THREADS
 from backend.model_runner import ModelRunner
-from backend.outputs import CANCELLED, INVALID
+from backend.outputs import BUSY, CANCELLED, INVALID
 from backend.params import EngineLimits, GenerationParams, InvalidInputError
 from backend.structured_output import StructuredOutput
 from backend.triton_io import parse_request
@@ -223,6 +224,41 @@ def test_a_compile_past_the_limit_is_refused_and_others_are_served(
         engine.stop()
 
 
+def test_a_spec_that_waited_on_busy_compile_threads_is_refused_as_busy(
+    runner, model_dir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Other requests' slow specs hold every compile thread past the limit: the waiting one is
+    told the server is busy (UNAVAILABLE, retryable), not that its spec is at fault."""
+    engine = Engine(runner, grammar_compile_timeout_s=0.2)
+    release = threading.Event()
+    compiler = engine._grammar_compiler()
+    build = compiler._build
+    slow_specs = [StructuredOutput("regex", f"slow{i}") for i in range(COMPILE_THREADS)]
+
+    def held(spec: StructuredOutput):  # type: ignore[no-untyped-def]
+        if spec in slow_specs:
+            release.wait(60)
+        return build(spec)
+
+    monkeypatch.setattr(compiler, "_build", held)
+    engine.start()
+    try:
+        prompt = _prompt(model_dir)
+        slow = [RecordingSink() for _ in slow_specs]
+        for spec, sink in zip(slow_specs, slow, strict=True):
+            engine.submit(GenerationParams(prompt_ids=prompt, structured_output=spec), sink)
+        waiting = RecordingSink()
+        engine.submit(
+            GenerationParams(prompt_ids=prompt, structured_output=SPECS["choice"]), waiting
+        )
+        assert waiting.done.wait(WAIT_S) and all(sink.done.wait(WAIT_S) for sink in slow)
+        assert waiting.kind == BUSY and (waiting.error or "").startswith("server busy")
+        assert {sink.kind for sink in slow} == {INVALID}  # theirs ran past the limit
+    finally:
+        release.set()
+        engine.stop()
+
+
 def test_a_slow_compile_does_not_hold_up_the_next_one(
     runner, model_dir, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -305,9 +341,10 @@ def test_the_tensor_parses_into_the_spec() -> None:
         ('{"type": "choice", "value": ["a", ""]}', "`choice` must be a non-empty list"),
         ('{"type": "choice", "value": {"yes": 1}}', "`choice` must be a non-empty list"),
         ('{"type": "choice", "value": "yes"}', "`choice` must be a non-empty list"),
+        # too deep for Python's json, within MAX_STRUCTURED_OUTPUT_CHARS
         ('{"type": "json", "value": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
         (
-            '{"type": "json", "value": ' + '{"items": ' * 100_000 + "{}" + "}" * 100_001,
+            '{"type": "json", "value": ' + '{"items": ' * 20_000 + "{}" + "}" * 20_001,
             "nested too deeply",
         ),
         ('{"type": "regex", "value": ""}', "`regex` must be a non-empty string"),
@@ -315,6 +352,10 @@ def test_the_tensor_parses_into_the_spec() -> None:
         ('{"type": "json_object", "value": "x"}', "`json_object` takes no `value`"),
         ('{"type": "regex", "value": "a", "extra": 1}', "unknown keys ['extra']"),
         ('{"type": "regex", "value": "a", "disable_any_whitespace": 1}', "must be a boolean"),
+        (
+            '{"type": "choice", "value": ["' + "a" * contract.MAX_STRUCTURED_OUTPUT_CHARS + '"]}',
+            f"characters, at most {contract.MAX_STRUCTURED_OUTPUT_CHARS}",
+        ),
     ],
 )
 def test_a_malformed_tensor_is_invalid_input(text: str, message: str) -> None:

@@ -98,7 +98,9 @@ class GrammarCompiler:
         try:
             compiled = self._build(spec)
         except RuntimeError as exc:  # xgrammar's parse and conversion errors
-            raise ValueError(f"{spec.kind} does not compile: {_first_line(exc)}") from None
+            # vLLM converts Lark grammars to EBNF; this server takes EBNF only, and says so.
+            hint = " (EBNF (GBNF) is expected, not Lark)" if spec.kind == GRAMMAR else ""
+            raise ValueError(f"{spec.kind} does not compile{hint}: {_first_line(exc)}") from None
         finally:
             with self._lock:
                 self._stats = _add(

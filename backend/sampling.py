@@ -134,7 +134,7 @@ def batch_from_rows(rows: list[RowState], vocab_size: int, device: torch.device)
 
 
 def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Float32 logits after penalties, bias and grammar masks (a new tensor; `logits` is not
+    """Float32 logits after bias, penalties and grammar masks (a new tensor; `logits` is not
     modified)."""
     out = logits.float().clone()
     if batch.bias is not None:

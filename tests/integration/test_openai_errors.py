@@ -140,9 +140,15 @@ CASES = [
     ),
     (
         "/generative_scoring",
-        {"query": "a", "items": ["b"], "labels": ["yes", "yesterday"]},
+        {"query": "a", "items": ["b"], "labels": ["no", "yes"]},
         "labels",
-        "both start with token",
+        "'yes' is 2 tokens [91, 302], not one",
+    ),
+    (
+        "/generative_scoring",
+        {"query": "a", "items": ["b"], "labels": ["x", "x"]},
+        "labels",
+        "both token 90",
     ),
     (
         "/generative_scoring",

@@ -156,7 +156,7 @@ def test_allowed_token_ids_restrict_sampling(openai_client: openai.OpenAI, model
 
 
 @pytest.mark.parametrize("min_p", [1.0, 0.3])
-def test_min_p_samples_only_ids_that_probable_after_temperature(
+def test_min_p_samples_only_ids_probable_enough_after_temperature(
     openai_client: openai.OpenAI, model_dir, min_p: float
 ) -> None:
     """Each sampled id's probability at temperature 1.5 (float64 reference) is at least min_p

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import jsonschema
@@ -192,14 +193,28 @@ def test_a_grammar_is_compiled_once_then_cached(engine, model_dir) -> None:
     assert engine.stats.grammar_compile_seconds > 0
 
 
+def held_compiles(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, held: Callable[[StructuredOutput], bool]
+) -> threading.Event:
+    """Makes the compiles of the specs `held` picks wait until the returned event is set."""
+    release = threading.Event()
+    compiler = engine._grammar_compiler()
+    build = compiler._build
+
+    def build_when_released(spec: StructuredOutput):  # type: ignore[no-untyped-def]
+        if held(spec):
+            release.wait(WAIT_S)
+        return build(spec)
+
+    monkeypatch.setattr(compiler, "_build", build_when_released)
+    return release
+
+
 def test_a_compile_past_the_limit_is_refused_and_others_are_served(
     runner, model_dir, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = Engine(runner, grammar_compile_timeout_s=0.2)
-    release = threading.Event()
-    compiler = engine._grammar_compiler()
-    build = compiler._build
-    monkeypatch.setattr(compiler, "_build", lambda spec: release.wait(60) and build(spec))
+    release = held_compiles(engine, monkeypatch, lambda spec: True)
     engine.start()
     try:
         prompt = _prompt(model_dir)
@@ -231,17 +246,8 @@ def test_a_spec_that_waited_on_busy_compile_threads_is_refused_as_busy(
     """Other requests' slow specs hold every compile thread past the limit: the waiting one is
     told the server is busy (UNAVAILABLE, retryable), not that its spec is at fault."""
     engine = Engine(runner, grammar_compile_timeout_s=0.2)
-    release = threading.Event()
-    compiler = engine._grammar_compiler()
-    build = compiler._build
     slow_specs = [StructuredOutput("regex", f"slow{i}") for i in range(COMPILE_THREADS)]
-
-    def held(spec: StructuredOutput):  # type: ignore[no-untyped-def]
-        if spec in slow_specs:
-            release.wait(60)
-        return build(spec)
-
-    monkeypatch.setattr(compiler, "_build", held)
+    release = held_compiles(engine, monkeypatch, lambda spec: spec in slow_specs)
     engine.start()
     try:
         prompt = _prompt(model_dir)
@@ -266,17 +272,8 @@ def test_a_slow_compile_does_not_hold_up_the_next_one(
     """One request's schema that takes long to compile holds one worker; another request's
     grammar compiles beside it (not after it, where its deadline would pass)."""
     engine = Engine(runner, grammar_compile_timeout_s=300)
-    release = threading.Event()
-    compiler = engine._grammar_compiler()
-    build = compiler._build
     slow_spec, fast_spec = SPECS["regex"], SPECS["choice"]
-
-    def held(spec: StructuredOutput):  # type: ignore[no-untyped-def]
-        if spec == slow_spec:
-            release.wait(300)
-        return build(spec)
-
-    monkeypatch.setattr(compiler, "_build", held)
+    release = held_compiles(engine, monkeypatch, lambda spec: spec == slow_spec)
     engine.start()
     try:
         prompt = _prompt(model_dir)

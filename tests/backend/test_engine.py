@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -163,14 +164,14 @@ def test_stop_strings_count_only_once_the_output_exceeds_min_tokens(
 ) -> None:
     """As vLLM: a space in the first 20 tokens' text does not stop a request with min_tokens
     20; the first one in a later token's text does, cut there."""
-    greedy = GenerationParams(prompt_ids=passage[:5], max_tokens=40, ignore_eos=True)
+    greedy = GenerationParams(
+        prompt_ids=passage[:5], max_tokens=40, temperature=0.0, ignore_eos=True
+    )
     [free] = run(engine, [greedy])
     texts = [out.text for out in free.outputs]
     text, first_20 = "".join(texts), len("".join(texts[:20]))
     assert " " in text[:first_20] and " " in text[first_20:]
-    held = GenerationParams(
-        prompt_ids=passage[:5], max_tokens=40, ignore_eos=True, min_tokens=20, stop=[" "]
-    )
+    held = replace(greedy, min_tokens=20, stop=[" "])
     sink = RecordingSink()
     engine.submit(held, sink)
     assert sink.done.wait(WAIT_S)

@@ -19,28 +19,26 @@ def write(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
-def test_v2_room_is_limit_less_usage_plus_inactive_file_cache(tmp_path: Path) -> None:
-    root = write(
-        tmp_path,
+@pytest.mark.parametrize(
+    "files",
+    [
         {
-            "memory.max": f"{4 * GIB}\n",
-            "memory.current": f"{3 * GIB}\n",
-            "memory.stat": f"anon 1\ninactive_file {GIB // 2}\nactive_file 7\n",
+            "memory.max": f"{2 * GIB}\n",
+            "memory.current": f"{GIB}\n",
+            "memory.stat": f"anon 1\ninactive_file {GIB // 4}\nactive_file 7\n",
         },
-    )
-    assert cgroup_room(root) == GIB + GIB // 2
-
-
-def test_v1_room_uses_its_own_files(tmp_path: Path) -> None:
-    root = write(
-        tmp_path,
         {
             "memory/memory.limit_in_bytes": f"{2 * GIB}\n",
             "memory/memory.usage_in_bytes": f"{GIB}\n",
             "memory/memory.stat": f"inactive_file 5\ntotal_inactive_file {GIB // 4}\n",
         },
-    )
-    assert cgroup_room(root) == GIB + GIB // 4
+    ],
+    ids=["v2", "v1 (its hierarchy's total_inactive_file)"],
+)
+def test_room_is_limit_less_usage_plus_inactive_file_cache(
+    tmp_path: Path, files: dict[str, str]
+) -> None:
+    assert cgroup_room(write(tmp_path, files)) == GIB + GIB // 4
 
 
 @pytest.mark.parametrize(

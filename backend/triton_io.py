@@ -117,7 +117,9 @@ def parse_request(
     if prompt is None:  # config.pbtxt requires it, but Triton 2.51 does not check
         raise InvalidInputError(INPUT_IDS, "is required")
     if not prompt:
-        raise InvalidInputError(INPUT_IDS, "the prompt is empty")
+        raise InvalidInputError(
+            INPUT_IDS, "the prompt is empty (through the ensemble: TEXT_INPUT gave no token ids)"
+        )
     _check_ids(INPUT_IDS, prompt, limits.vocab_size)
     if len(prompt) >= limits.max_model_len:
         raise InvalidInputError(

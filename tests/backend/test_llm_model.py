@@ -114,7 +114,10 @@ def test_each_request_gets_one_final_with_its_last_data_response(
             {LOGPROB_TOKEN_IDS: i32(3, 1024)},
             "LOGPROB_TOKEN_IDS: id 1024 is outside the vocabulary [0, 1024)",
         ),
-        ({INPUT_IDS: i32()}, "INPUT_IDS: the prompt is empty"),
+        (
+            {INPUT_IDS: i32()},
+            "INPUT_IDS: the prompt is empty (through the ensemble: TEXT_INPUT gave no token ids)",
+        ),
     ],
 )
 def test_bad_input_is_invalid_arg_and_the_next_request_is_served(

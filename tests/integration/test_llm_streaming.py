@@ -318,6 +318,15 @@ def test_bad_chat_messages_are_refused(triton_server):
     assert result.error is not None and "MESSAGES: is not valid JSON" in result.error
 
 
+def test_an_empty_text_through_the_ensemble_names_text_input(triton_server):
+    """The test tokenizer adds no BOS, so "" reaches `llm` as no ids; the client sent only
+    TEXT_INPUT, and the error must name it."""
+    result = generate(triton_server.grpc_url, "ensemble", {contract.TEXT_INPUT: text("")})
+    assert result.error is not None
+    assert "INPUT_IDS: the prompt is empty" in result.error
+    assert "TEXT_INPUT gave no token ids" in result.error
+
+
 def test_utf8_streaming_never_splits_a_character(triton_server, model_dir):
     """The passage's emoji and CJK characters span several byte tokens; each must arrive whole."""
     start = PASSAGE.index(" 你好")  # a word boundary: the prompt tokenizes as in the passage

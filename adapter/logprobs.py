@@ -10,14 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from adapter.errors import EngineError
 from adapter.tensors import LogprobRows, PromptOutput, TritonOutput
 
 
-@dataclass(frozen=True)
-class TokenLogprob:
-    """One token's id, raw bytes and logprob (raw log-softmax; -inf arrives as -9999.0)."""
+class TokenLogprob(NamedTuple):
+    """One token's id, raw bytes and logprob (raw log-softmax; -inf arrives as -9999.0).
+
+    A NamedTuple: with 1024 `logprob_token_ids` there are 1024 of them a position, and a
+    tuple is built in a fraction of a frozen dataclass's time."""
 
     token_id: int
     token_bytes: bytes
@@ -56,21 +59,46 @@ class LogprobsCollector:
         self, logprob_token_ids: Sequence[int], prompt_logprob_token_ids: Sequence[int] = ()
     ) -> None:
         self._ids = tuple(logprob_token_ids)
-        self._id_bytes: tuple[bytes, ...] | None = None
+        self._columns: _Columns | None = None
         self._prompt_ids = tuple(prompt_logprob_token_ids)
 
     def positions(self, output: TritonOutput) -> list[PositionLogprobs]:
         """The generated positions of one response."""
-        if self._ids and self._id_bytes is None:
-            self._id_bytes = _id_bytes(self._ids, output.requested_token_bytes, "logprob")
-        explicit = tuple(zip(self._ids, self._id_bytes or (), strict=True))
-        return _positions(output.output_ids, output.token_bytes, output, explicit)
+        if self._columns is None:
+            id_bytes = (
+                _id_bytes(self._ids, output.requested_token_bytes, "logprob") if self._ids else ()
+            )
+            self._columns = _Columns(self._ids, id_bytes)
+        return _positions(output.output_ids, output.token_bytes, output, self._columns)
 
     def prompt_positions(self, prompt: PromptOutput) -> list[PositionLogprobs]:
         """Prompt tokens 1..P-1, each scored given the tokens before it (token 0 has no row)."""
         id_bytes = _id_bytes(self._prompt_ids, prompt.requested_token_bytes, "prompt_logprob")
-        explicit = tuple(zip(self._prompt_ids, id_bytes, strict=True))
-        return _positions(prompt.ids[1:], prompt.token_bytes[1:], prompt, explicit)
+        columns = _Columns(self._prompt_ids, id_bytes)
+        return _positions(prompt.ids[1:], prompt.token_bytes[1:], prompt, columns)
+
+
+class _Columns:
+    """The requested ids (distinct, in request order) and their bytes: column j of a row of
+    requested logprobs is `ids[j]`."""
+
+    def __init__(self, ids: tuple[int, ...], id_bytes: tuple[bytes, ...]) -> None:
+        self.ids = ids
+        self.id_bytes = id_bytes
+        self._index = {token_id: j for j, token_id in enumerate(ids)}
+
+    def entries(self, sampled: TokenLogprob, row: list[float]) -> tuple[TokenLogprob, ...]:
+        """`sampled` first, then every requested id other than it with its logprob."""
+        j = self._index.get(sampled.token_id)
+        if j is None:
+            return (sampled, *map(TokenLogprob, self.ids, self.id_bytes, row))
+        rest = map(
+            TokenLogprob,
+            self.ids[:j] + self.ids[j + 1 :],
+            self.id_bytes[:j] + self.id_bytes[j + 1 :],
+            row[:j] + row[j + 1 :],
+        )
+        return (sampled, *rest)
 
 
 def _id_bytes(ids: Sequence[int], id_bytes: Sequence[bytes], field: str) -> tuple[bytes, ...]:
@@ -85,15 +113,16 @@ def _positions(
     ids: Sequence[int],
     token_bytes: Sequence[bytes],
     rows: LogprobRows,
-    explicit: Sequence[tuple[int, bytes]],
+    columns: _Columns,
 ) -> list[PositionLogprobs]:
-    """`explicit` (id, bytes) pairs: the requested ids, whose column j is `explicit[j]`."""
+    """With requested ids (`columns.ids` not empty) their rows, else the natural top-k."""
     n = len(ids)
     if len(rows.logprobs) != n or len(token_bytes) != n:
         raise EngineError(
             f"Triton response has {n} tokens but {len(rows.logprobs)} logprobs and "
             f"{len(token_bytes)} token bytes"
         )
+    explicit = bool(columns.ids)
     table = rows.requested_logprobs if explicit else rows.top_logprobs
     if len(table) != n:
         raise EngineError(f"Triton response has {n} tokens but {len(table)} logprob rows")
@@ -101,19 +130,12 @@ def _positions(
     for i, sampled in enumerate(map(TokenLogprob, ids, token_bytes, rows.logprobs)):
         if explicit:
             row = rows.requested_logprobs[i]
-            if len(row) != len(explicit):
-                raise EngineError(f"Triton sent {len(row)} logprobs for {len(explicit)} ids")
-            alternatives = (
-                sampled,
-                *(
-                    TokenLogprob(token_id, id_bytes, logprob)
-                    for (token_id, id_bytes), logprob in zip(explicit, row, strict=True)
-                    if token_id != sampled.token_id
-                ),
-            )
+            if len(row) != len(columns.ids):
+                raise EngineError(f"Triton sent {len(row)} logprobs for {len(columns.ids)} ids")
+            alternatives = columns.entries(sampled, row)
         else:
             alternatives = tuple(
                 map(TokenLogprob, rows.top_ids[i], rows.top_token_bytes[i], rows.top_logprobs[i])
             )
-        positions.append(PositionLogprobs(sampled, alternatives, explicit=bool(explicit)))
+        positions.append(PositionLogprobs(sampled, alternatives, explicit=explicit))
     return positions

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, JsonValue, model_validator
+from typing_extensions import TypedDict
 
 from adapter.errors import InvalidRequestError
 from adapter.protocol import (
@@ -212,11 +213,15 @@ class ChatCompletionRequest(GenerationRequest):
         return self.samples(params)
 
 
-class ChatCompletionLogProb(BaseModel):
+class ChatCompletionLogProb(TypedDict):
+    """One token's entry; `bytes` are its real bytes from the model (may be part of a
+    multi-byte character). A TypedDict, not a model: a response with 1024
+    `logprob_token_ids` holds 1024 of them a token, and a dict is built for a tenth of a
+    model's cost (docs/design.md, "Logprob entries as dicts")."""
+
     token: str
     logprob: float
-    bytes: list[int] | None = None
-    """The token's real bytes from the model (may be part of a multi-byte character)."""
+    bytes: list[int] | None
 
 
 class ChatCompletionLogProbsContent(ChatCompletionLogProb):
@@ -224,6 +229,9 @@ class ChatCompletionLogProbsContent(ChatCompletionLogProb):
 
 
 class ChatCompletionLogProbs(BaseModel):
+    """Built with `model_construct` from the engine's own values (`ChatLogprobsBuilder`), so
+    its entries are not validated again; the schema still documents and serializes them."""
+
     content: list[ChatCompletionLogProbsContent] | None = None
 
 

@@ -29,35 +29,35 @@ logger = logging.getLogger(__name__)
 
 
 class ChatLogprobsBuilder:
-    """Formats `logprobs.content` of one request, response by response."""
+    """Formats `logprobs.content` of one request, response by response.
+
+    Each token's text and bytes are formatted once per request: with explicit ids the same
+    tokens recur at every position."""
 
     def __init__(self, params: TritonRequest, *, as_token_ids: bool) -> None:
         self._collector = LogprobsCollector(params.logprob_token_ids)
         self._as_token_ids = as_token_ids
         self._logprobs = params.logprobs is not None
+        self._shown: dict[tuple[int, bytes], tuple[str, list[int]]] = {}
 
     def _entry(self, token: TokenLogprob) -> ChatCompletionLogProb:
-        return ChatCompletionLogProb(
-            token=token.text(self._as_token_ids),
-            logprob=token.logprob,
-            bytes=list(token.token_bytes),
-        )
+        key = (token.token_id, token.token_bytes)
+        shown = self._shown.get(key)
+        if shown is None:
+            shown = self._shown[key] = (token.text(self._as_token_ids), list(token.token_bytes))
+        return {"token": shown[0], "logprob": token.logprob, "bytes": shown[1]}
 
     def build(self, outputs: Sequence[TritonOutput]) -> ChatCompletionLogProbs | None:
         """None when the request asked for no logprobs."""
         if not self._logprobs:
             return None
-        content = []
+        content: list[ChatCompletionLogProbsContent] = []
         for output in outputs:
             for position in self._collector.positions(output):
                 sampled = self._entry(position.sampled)
-                content.append(
-                    ChatCompletionLogProbsContent(
-                        **sampled.model_dump(),
-                        top_logprobs=[self._entry(t) for t in position.alternatives],
-                    )
-                )
-        return ChatCompletionLogProbs(content=content)
+                top_logprobs = [self._entry(t) for t in position.alternatives]
+                content.append({**sampled, "top_logprobs": top_logprobs})
+        return ChatCompletionLogProbs.model_construct(content=content)
 
 
 class OpenAIServingChat(OpenAIServing):

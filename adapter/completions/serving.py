@@ -57,6 +57,8 @@ class CompletionChoiceBuilder:
         self._prompt_text = params.text
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._offset = 0
+        self._texts: dict[tuple[int, bytes], str] = {}
+        """Each token's text, formatted once: explicit ids recur at every position."""
 
     def build(self, outputs: Sequence[TritonOutput]) -> tuple[str, CompletionLogProbs | None]:
         text = ""
@@ -121,8 +123,15 @@ class CompletionChoiceBuilder:
         if entries is not None:
             top = {}
             for entry in entries:
-                top.setdefault(entry.text(self._as_token_ids), entry.logprob)
+                top.setdefault(self._text(entry), entry.logprob)
         lists.top_logprobs.append(top)
+
+    def _text(self, token: TokenLogprob) -> str:
+        key = (token.token_id, token.token_bytes)
+        text = self._texts.get(key)
+        if text is None:
+            text = self._texts[key] = token.text(self._as_token_ids)
+        return text
 
 
 class OpenAIServingCompletion(OpenAIServing):

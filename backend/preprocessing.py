@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 
+import jinja2
 import numpy as np
-from jinja2 import TemplateError
+from jinja2 import TemplateError, nodes
 from transformers import AutoConfig, AutoTokenizer
 
+from backend.chat_content import ContentError, template_content
 from backend.contract import (
     ADD_GENERATION_PROMPT,
     CONTINUE_FINAL_MESSAGE,
@@ -31,7 +33,8 @@ def _one_string(name: str, value: np.ndarray) -> str:
         raise InvalidInputError(name, "is not valid UTF-8") from exc
 
 
-def _messages(raw: str) -> list[dict]:
+def _messages(raw: str, *, as_parts: bool) -> list[dict]:
+    """MESSAGES' JSON, each content shaped for the template (`template_content`)."""
     try:
         messages = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -43,9 +46,33 @@ def _messages(raw: str) -> list[dict]:
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise InvalidInputError(MESSAGES, "each message needs a string `role`")
-        if not isinstance(message.get("content"), str):  # templates read it
-            raise InvalidInputError(MESSAGES, "each message needs a string `content`")
+        try:
+            message["content"] = template_content(message.get("content"), as_parts=as_parts)
+        except ContentError as exc:
+            raise InvalidInputError(MESSAGES, str(exc)) from None
     return messages
+
+
+def reads_content_parts(template: object) -> bool:
+    """Whether a chat template loops over a message's content (`{% for part in
+    message['content'] %}`), and so needs it as a list of parts: vLLM's "openai" content
+    format, which it detects the same way (`_detect_content_format`), though it also checks
+    that the loop's variable came from `messages`. Else content is one string."""
+    if not isinstance(template, str):
+        return False
+    try:
+        tree = jinja2.Environment().parse(template)
+    except jinja2.TemplateSyntaxError:
+        return False  # applying it will say what is wrong
+    for loop in tree.find_all(nodes.For):
+        source = loop.iter
+        while isinstance(source, nodes.Filter) and source.node is not None:
+            source = source.node  # e.g. `message['content'] | selectattr(...)`
+        if isinstance(source, nodes.Getattr) and source.attr == "content":
+            return True
+        if isinstance(source, nodes.Getitem) and getattr(source.arg, "value", None) == "content":
+            return True
+    return False
 
 
 class Preprocessor:
@@ -54,6 +81,7 @@ class Preprocessor:
         config = AutoConfig.from_pretrained(model_path)
         self.vocab_size = int(config.get_text_config().vocab_size)
         self._token_bytes = token_bytes_table(self.tokenizer, self.vocab_size)
+        self._content_as_parts = reads_content_parts(self.tokenizer.chat_template)
 
     def token_bytes(self, ids: np.ndarray) -> np.ndarray:
         """BYTES [n]: each id's bytes (a special token's are its text)."""
@@ -130,7 +158,9 @@ class Preprocessor:
                     f"needs {ADD_GENERATION_PROMPT} false: the final message is continued, "
                     "no new one is started",
                 )
-            conversation = _messages(_one_string(MESSAGES, messages))
+            conversation = _messages(
+                _one_string(MESSAGES, messages), as_parts=self._content_as_parts
+            )
             try:
                 rendered = self.tokenizer.apply_chat_template(
                     conversation,

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, JsonValue, model_validator
+from pydantic import BaseModel, Field, JsonValue, PrivateAttr, model_validator
 from typing_extensions import TypedDict
 
 from adapter.errors import InvalidRequestError
@@ -22,6 +22,7 @@ from adapter.protocol import (
     check_min_tokens,
 )
 from adapter.tensors import TritonRequest
+from backend.chat_content import ContentError, content_texts
 
 TEMPLATE_ROLES = frozenset({"system", "developer", "user", "assistant"})
 ROLE_ENUM: list[JsonValue] = [*sorted(TEMPLATE_ROLES)]  # the schema's `enum` of `role`
@@ -29,7 +30,8 @@ ROLE_ENUM: list[JsonValue] = [*sorted(TEMPLATE_ROLES)]  # the schema's `enum` of
 
 
 class ChatMessage(OpenAIBaseModel):
-    """One input message; content is a string or a list of text parts."""
+    """One input message; content is a string or a list of text parts
+    (`backend/chat_content.py`)."""
 
     role: str = Field(
         description="Who wrote it.",
@@ -38,7 +40,13 @@ class ChatMessage(OpenAIBaseModel):
     )
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    reasoning: str | None = Field(
+        default=None,
+        description="An assistant message's reasoning, which thinking models' templates show.",
+    )
+    reasoning_content: str | None = Field(default=None, description="Alias of `reasoning`.")
     tool_calls: list[Any] | None = None
+    _texts: str | list[str] = PrivateAttr(default_factory=list)
 
     unsupported: ClassVar[Mapping[str, tuple[Any, ...]]] = {"tool_calls": ([],)}
 
@@ -51,34 +59,29 @@ class ChatMessage(OpenAIBaseModel):
                 parameter="messages",
                 value=self.role,
             )
-        self.reject_unsupported()
-        if isinstance(self.content, list):
-            for part in self.content:
-                if part.get("type") != "text":
-                    raise InvalidRequestError(
-                        'Only text content parts (`{"type": "text", "text": ...}`) are '
-                        f"supported, got type {part.get('type')!r}.",
-                        parameter="messages",
-                    )
-                if not isinstance(part.get("text"), str):
-                    raise InvalidRequestError(
-                        'A text content part needs its `"text"` as a string.',
-                        parameter="messages",
-                    )
+        self.reject_unsupported(parent="messages")
+        try:
+            self._texts = content_texts(self.content)
+        except ContentError as exc:
+            raise InvalidRequestError(f"Invalid message: {exc}.", parameter="messages") from exc
         return self
 
-    def to_template(self) -> dict[str, str]:
-        """The message as chat templates expect it: content as one string.
+    def text(self) -> str:
+        """The content as one string, parts joined with newlines (vLLM's echo)."""
+        return self._texts if isinstance(self._texts, str) else "\n".join(self._texts)
 
-        Text parts are joined with newlines, as vLLM does.
-        """
-        if isinstance(self.content, list):
-            content = "\n".join(part["text"] for part in self.content)
-        else:
-            content = self.content or ""
-        message = {"role": self.role, "content": content}
+    def to_template(self) -> dict[str, Any]:
+        """The message as `preprocessing` takes it: content a string or a list of text parts,
+        which it shapes for the model's chat template. An assistant's reasoning goes under both
+        of its names, as vLLM passes it, for templates that read either."""
+        texts = self._texts
+        content = texts if isinstance(texts, str) else [{"type": "text", "text": t} for t in texts]
+        message: dict[str, Any] = {"role": self.role, "content": content}
         if self.name is not None:
             message["name"] = self.name
+        reasoning = self.reasoning if self.reasoning is not None else self.reasoning_content
+        if self.role == "assistant" and reasoning is not None:
+            message["reasoning"] = message["reasoning_content"] = reasoning
         return message
 
 
@@ -93,10 +96,12 @@ class ChatCompletionRequest(GenerationRequest):
     logprobs: bool | None = Field(
         default=False, description="Return the logprob of each generated token."
     )
-    max_completion_tokens: Annotated[int, Field(ge=0)] | None = Field(
+    # At least 1, as vLLM and OpenAI: a reply of no tokens is no reply (completions take 0 for
+    # `echo`, which scores the prompt).
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = Field(
         default=None, description="Tokens to generate at most; wins over `max_tokens`."
     )
-    max_tokens: Annotated[int, Field(ge=0)] | None = Field(
+    max_tokens: Annotated[int, Field(ge=1)] | None = Field(
         default=None, description="Deprecated alias of `max_completion_tokens`."
     )
     metadata: dict[str, Any] | None = Field(default=None, description="Accepted, not used.")
@@ -185,7 +190,7 @@ class ChatCompletionRequest(GenerationRequest):
         """What `echo` puts before the generated text: the last message's content when it is
         the assistant's, the role of the reply (vLLM)."""
         last = self.messages[-1]
-        return last.to_template()["content"] if self.echo and last.role == "assistant" else ""
+        return last.text() if self.echo and last.role == "assistant" else ""
 
     def to_generation_params(self, default_max_tokens: int | None) -> list[TritonRequest]:
         """The model's inputs, one per choice: the user's value, else the server's default,

@@ -115,20 +115,27 @@ STANDARD_CASES = [
     (CHAT, chat(top_logprobs=2), "top_logprobs", "requires `logprobs: true`"),
     (CHAT, chat(logprobs=True, top_logprobs=6), "top_logprobs", "must be at most 5 (got 6)"),
     (CHAT, chat(max_completion_tokens=-1), "max_completion_tokens", "greater than or equal"),
-    (CHAT, chat(max_tokens=-3), "max_tokens", "greater than or equal to 0"),
+    (CHAT, chat(max_tokens=0), "max_tokens", "greater than or equal to 1"),
+    (CHAT, chat(max_completion_tokens=0), "max_completion_tokens", "greater than or equal to 1"),
     (CHAT, chat(messages=[]), "messages", "at least 1 item"),
     (CHAT, chat(messages=[{"role": "tool", "content": "x"}]), "messages", "role `tool`"),
     (
         CHAT,
         chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
         "messages",
-        "Only text content parts",
+        "Invalid message: only text content parts",
     ),
     (
         CHAT,
-        chat(messages=[{"role": "user", "content": [{"type": "text"}]}]),
+        chat(messages=[{"role": "user", "content": [{"type": "input_text", "text": 5}]}]),
         "messages",
-        'A text content part needs its `"text"` as a string.',
+        "Invalid message: a content part of type 'input_text' needs its 'text' as a string.",
+    ),
+    (
+        CHAT,
+        chat(messages=[{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}]),
+        "messages",
+        "`messages.tool_calls` is not supported",
     ),
     (CHAT, chat(messages=[{"content": "x"}]), "messages", "messages.0.role: Field required"),
     # Beyond the int32 and float32 tensors' range: a 400, not a wrapped or infinite value.
@@ -407,8 +414,9 @@ def test_chat_request_to_generation_params() -> None:
     [params] = request.to_generation_params(default_max_tokens=256)
     assert params.messages == (
         {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "a\nb"},
-        {"role": "assistant", "content": "", "name": "bot"},
+        # Parts stay parts: `preprocessing` joins them, or not, for the model's template.
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": [], "name": "bot"},
     )
     assert params.max_tokens == 4  # max_completion_tokens wins
     assert params.logprobs == 3
@@ -426,3 +434,32 @@ def test_chat_request_to_generation_params() -> None:
         default_max_tokens=256
     )
     assert logprobs_only.logprobs == 0
+
+
+def test_chat_messages_carry_vllm_s_text_parts_and_an_assistant_s_reasoning() -> None:
+    """vLLM reads `input_text`, `output_text`, `refusal` and `thinking` parts as text, skips
+    null text, and passes an assistant's reasoning to the template under both names."""
+    request = ChatCompletionRequest(
+        messages=[
+            {"role": "user", "content": [{"type": "input_text", "text": "q"}], "reasoning": "r"},
+            {
+                "role": "assistant",
+                "content": [{"type": "refusal", "refusal": "no"}, {"type": "text", "text": None}],
+                "reasoning_content": "because",
+            },
+            {"role": "assistant", "content": "a", "reasoning": "so", "reasoning_content": "x"},
+        ],
+        echo=True,
+    )
+    [params] = request.to_generation_params(default_max_tokens=256)
+    assert params.messages == (
+        {"role": "user", "content": [{"type": "text", "text": "q"}]},  # only an assistant's
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": "no"}],
+            "reasoning": "because",
+            "reasoning_content": "because",
+        },
+        {"role": "assistant", "content": "a", "reasoning": "so", "reasoning_content": "so"},
+    )
+    assert request.echo_text() == "a"

@@ -149,8 +149,8 @@ ONE_INPUT = (
         ({MESSAGES: string("[]")}, "MESSAGES: must be a non-empty JSON list of messages"),
         ({MESSAGES: string('[{"content": "x"}]')}, "MESSAGES: each message needs a string `role`"),
         (
-            {MESSAGES: string('[{"role": "user"}]')},
-            "MESSAGES: each message needs a string `content`",
+            {MESSAGES: string('[{"role": "user", "content": 5}]')},
+            "MESSAGES: a message's `content` must be a string or a list of text parts",
         ),
         ({MESSAGES: string("[" * 100_000 + "]" * 100_000)}, "MESSAGES: is nested too deeply"),
         ({TEXT_INPUT: string(b"\xff")}, "TEXT_INPUT: is not valid UTF-8"),

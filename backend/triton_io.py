@@ -124,7 +124,8 @@ def parse_request(
     if len(prompt) >= limits.max_model_len:
         raise InvalidInputError(
             INPUT_IDS,
-            f"the prompt has {len(prompt)} tokens, the context holds {limits.max_model_len}: "
+            f"the prompt has {len(prompt)} tokens, this model's maximum context length is "
+            f"{limits.max_model_len} tokens: "
             f"at most {limits.max_model_len - 1} leave room for a token to generate",
         )
     params = GenerationParams(prompt_ids=prompt, request_id=request_id)

@@ -114,7 +114,8 @@ class OpenAIServingGenerativeScoring(OpenAIServing):
             await self.token_bytes(ids, f"{request_id}-query-ids", parameter="query")
         if info.max_model_len is not None and len(ids) >= info.max_model_len:
             raise InvalidRequestError(
-                f"query: the query has {len(ids)} tokens, the context holds {info.max_model_len}: "
+                f"query: the query has {len(ids)} tokens, this model's maximum context length is "
+                f"{info.max_model_len} tokens: "
                 f"at most {info.max_model_len - 1} leave room for a token to generate.",
                 parameter="query",
             )

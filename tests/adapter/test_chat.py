@@ -220,7 +220,10 @@ def test_too_long_chat_prompt_names_messages(
     engine: FakeEngine, client: TestClient, streamed: bool
 ) -> None:
     engine.script = [
-        TritonInputError(contract.INPUT_IDS, "the prompt has 300 tokens, the context holds 256")
+        TritonInputError(
+            contract.INPUT_IDS,
+            "the prompt has 300 tokens, this model's maximum context length is 256 tokens",
+        )
     ]
     response = client.post(URL, json={"model": "tiny", "messages": MESSAGES, "stream": streamed})
     assert response.status_code == 400

@@ -181,12 +181,16 @@ def test_model_input_errors_are_400_before_any_stream(
     engine: FakeEngine, client: TestClient, streamed: bool
 ) -> None:
     engine.script = [
-        TritonInputError(contract.INPUT_IDS, "the prompt has 300 tokens, the context holds 256")
+        TritonInputError(
+            contract.INPUT_IDS,
+            "the prompt has 300 tokens, this model's maximum context length is 256 tokens",
+        )
     ]
     response = client.post(URL, json={"model": "tiny", "prompt": "p", "stream": streamed})
     assert response.status_code == 400
     assert response.json()["error"] == {
-        "message": "prompt: the prompt has 300 tokens, the context holds 256",
+        "message": "prompt: the prompt has 300 tokens, this model's maximum context length is "
+        "256 tokens",
         "type": "invalid_request_error",
         "param": "prompt",
         "code": None,

@@ -145,7 +145,11 @@ def test_the_query_s_faults_name_the_query(engine: FakeEngine, client: TestClien
     engine.tokens["Q" * 64] = [5] * 64
     for query, message in [
         ([5, 99999], "query: id 99999 is outside the vocabulary"),
-        ("Q" * 64, "query: the query has 64 tokens, the context holds 64: at most 63 leave"),
+        (
+            "Q" * 64,
+            "query: the query has 64 tokens, this model's maximum context length is 64 tokens: "
+            "at most 63 leave",
+        ),
     ]:
         response = client.post(URL, json={**body, "query": query})
         assert response.status_code == 400, response.text

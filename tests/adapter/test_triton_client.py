@@ -228,7 +228,8 @@ async def test_final_response_needs_a_reason() -> None:
     ("message", "kind", "tensor"),
     [
         (
-            "INPUT_IDS: the prompt has 5000 tokens, the context holds 2048",
+            "INPUT_IDS: the prompt has 5000 tokens, this model's maximum context length is "
+            "2048 tokens",
             TritonInputError,
             contract.INPUT_IDS,
         ),

@@ -152,7 +152,7 @@ def test_edge_values_that_are_valid() -> None:
         (
             {contract.INPUT_IDS: i32(*[1] * 64)},
             contract.INPUT_IDS,
-            "has 64 tokens, the context holds 64",
+            "has 64 tokens, this model's maximum context length is 64 tokens",
         ),
         ({contract.MAX_TOKENS: i32(-1)}, contract.MAX_TOKENS, "must be >= 0, got -1"),
         ({contract.MAX_TOKENS: f32(2.0)}, contract.MAX_TOKENS, "unexpected dtype float32"),

@@ -119,7 +119,10 @@ def test_body_size_caps_ids_and_context(http: httpx.Client) -> None:
     error = error_of(http.post("/v1/completions", json=ids), 400)  # the llm config's 1024
     assert error["param"] == "logprob_token_ids" and "at most 1024" in error["message"]
     error = error_of(http.post("/v1/completions", json=completion(prompt=[5] * 300)), 400)
-    assert error["param"] == "prompt" and "the context holds 256" in error["message"]
+    assert (
+        error["param"] == "prompt"
+        and "this model's maximum context length is 256 tokens" in error["message"]
+    )
 
 
 def test_past_the_slot_and_the_queue_429(

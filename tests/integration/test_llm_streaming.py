@@ -245,7 +245,7 @@ BAD_INPUTS = [
     ({contract.INPUT_IDS: np.zeros(0, np.int32)}, "INPUT_IDS: the prompt is empty"),
     (
         {contract.INPUT_IDS: i32(*range(300))},
-        "INPUT_IDS: the prompt has 300 tokens, the context holds 256",
+        "INPUT_IDS: the prompt has 300 tokens, this model's maximum context length is 256 tokens",
     ),
     (
         {contract.INPUT_IDS: i32(1), contract.MAX_TOKENS: i32(-1)},

@@ -69,9 +69,24 @@ CASES = [
     (CHAT, chat(top_logprobs=2), "top_logprobs", "requires `logprobs: true`"),
     (COMPLETIONS, completion(max_tokens=-1), "max_tokens", "greater than or equal to 0"),
     (CHAT, chat(max_completion_tokens=-1), "max_completion_tokens", "greater than or equal"),
-    (COMPLETIONS, completion(prompt=TOO_LONG_TEXT), "prompt", "the context holds 256"),
-    (COMPLETIONS, completion(prompt=[5] * 300, stream=True), "prompt", "the context holds 256"),
-    (COMPLETIONS, completion(prompt=[[5], [5] * 300], n=2), "prompt", "the context holds 256"),
+    (
+        COMPLETIONS,
+        completion(prompt=TOO_LONG_TEXT),
+        "prompt",
+        "this model's maximum context length is 256 tokens",
+    ),
+    (
+        COMPLETIONS,
+        completion(prompt=[5] * 300, stream=True),
+        "prompt",
+        "this model's maximum context length is 256 tokens",
+    ),
+    (
+        COMPLETIONS,
+        completion(prompt=[[5], [5] * 300], n=2),
+        "prompt",
+        "this model's maximum context length is 256 tokens",
+    ),
     # the prompt and the token limit beyond the context (vLLM's and OpenAI's 400, not a cut)
     (COMPLETIONS, completion(prompt=[5] * 10, max_tokens=247), "max_tokens", "(247 > 256 - 10)"),
     (COMPLETIONS, completion(max_tokens=256, stream=True), "max_tokens", "is too large: 256"),
@@ -80,7 +95,7 @@ CASES = [
         CHAT,
         chat(messages=[{"role": "user", "content": TOO_LONG_TEXT}]),
         "messages",
-        "the context holds 256",
+        "this model's maximum context length is 256 tokens",
     ),
     (COMPLETIONS, completion(prompt=["a", [1]]), "prompt", "integer token ids"),
     # sampling fields: the adapter's bounds, and the model's (vocabulary) through Triton
@@ -154,7 +169,7 @@ CASES = [
         "/generative_scoring",
         {"query": "a", "items": [TOO_LONG_TEXT], "label_token_ids": [1]},
         "items",
-        "the context holds 256",
+        "this model's maximum context length is 256 tokens",
     ),
     (
         "/generative_scoring",
@@ -166,7 +181,7 @@ CASES = [
         "/generative_scoring",
         {"query": TOO_LONG_TEXT, "items": ["b"], "label_token_ids": [1]},
         "query",
-        "the context holds 256",
+        "this model's maximum context length is 256 tokens",
     ),
 ]
 

@@ -146,7 +146,7 @@ class StreamOptions(OpenAIBaseModel):
         default=None, description="Send a last chunk with `usage` and empty `choices`."
     )
     continuous_usage_stats: bool | None = Field(
-        default=None, description="vLLM: `usage` on every chunk as well."
+        default=None, description="vLLM: with `include_usage`, `usage` on every chunk too."
     )
 
 

@@ -410,7 +410,10 @@ class OpenAIServing:
                 )
             )
 
-        continuous_usage = bool(options and options.continuous_usage_stats)
+        # vLLM's rule: per-chunk usage only together with `include_usage`.
+        continuous_usage = bool(
+            options and options.include_usage and options.continuous_usage_stats
+        )
         finals: list[TritonOutput | None] = [None] * len(streams)
         lead_sent = not lead
         try:

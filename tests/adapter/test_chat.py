@@ -273,10 +273,10 @@ def test_continuous_usage_starts_with_the_prompt_on_the_lead_chunks(
 ) -> None:
     """The role and echo chunks carry the prompt's usage with no completion yet (vLLM)."""
     engine.script = EXPLICIT_SCRIPT
-    options = {"continuous_usage_stats": True}
+    options = {"include_usage": True, "continuous_usage_stats": True}
     events = stream(client, messages=ASSISTANT_PREFIX, echo=True, stream_options=options)
     usage = [(e["usage"]["prompt_tokens"], e["usage"]["completion_tokens"]) for e in events[:-1]]
-    assert usage == [(3, 0), (3, 0), (3, 1), (3, 2)]
+    assert usage == [(3, 0), (3, 0), (3, 1), (3, 2), (3, 2)]  # the last: include_usage's
 
 
 def test_n_choices_stream_with_their_index(engine: FakeEngine, client: TestClient) -> None:

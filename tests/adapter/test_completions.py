@@ -154,8 +154,13 @@ def test_stream_without_usage_or_logprobs(engine: FakeEngine, client: TestClient
 
 def test_stream_continuous_usage(engine: FakeEngine, client: TestClient) -> None:
     engine.script = EXPLICIT_SCRIPT
-    events = stream(client, stream_options={"continuous_usage_stats": True})
-    assert [c["usage"]["completion_tokens"] for c in events[:-1]] == [1, 2]
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    *chunks, last, _ = stream(client, stream_options=options)
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 2]
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 2
+    # Without include_usage no chunk has usage, as in vLLM.
+    alone = stream(client, stream_options={"continuous_usage_stats": True})
+    assert len(alone) == 3 and all("usage" not in c for c in alone[:-1])
 
 
 def test_error_mid_stream_is_an_error_event_then_done(

@@ -301,6 +301,12 @@ def test_edge_values_that_are_valid() -> None:
         ),
         ({contract.MIN_TOKENS: i32(-1)}, contract.MIN_TOKENS, "got -1"),
         (
+            {contract.INPUT_IDS: i32(*[1] * 60), contract.MIN_TOKENS: i32(5)},
+            contract.MIN_TOKENS,
+            "must be at most the 4 tokens that this model's maximum context length of 64 tokens "
+            "leaves after the prompt's 60, got 5",
+        ),
+        (
             {contract.INCLUDE_STOP_STR_IN_OUTPUT: i32(1)},
             contract.INCLUDE_STOP_STR_IN_OUTPUT,
             "unexpected dtype",

@@ -97,6 +97,20 @@ CASES = [
         "messages",
         "this model's maximum context length is 256 tokens",
     ),
+    # min_tokens beyond what the context leaves the reply (vLLM: at most max_tokens, which
+    # it cuts to that room), where no max_tokens is given
+    (
+        CHAT,
+        chat(messages=[{"role": "user", "content": "a " * 100}], max_tokens=None, min_tokens=200),
+        "min_tokens",
+        "must be at most the",
+    ),
+    (
+        COMPLETIONS,
+        completion(prompt=[5] * 250, max_tokens=None, min_tokens=7),
+        "min_tokens",
+        "at most the 6 tokens",
+    ),
     (COMPLETIONS, completion(prompt=["a", [1]]), "prompt", "integer token ids"),
     # sampling fields: the adapter's bounds, and the model's (vocabulary) through Triton
     (COMPLETIONS, completion(n=0), "n", "greater than or equal to 1"),

@@ -156,17 +156,20 @@ def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> None:
-    """Set logits outside each row's top-k / nucleus to -inf, in place."""
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    """Set logits outside each row's top-k / nucleus to -inf, in place.
+
+    As vLLM: sorted ascending, the least probable ids go while their summed mass is at most
+    1 - top_p. Summing the tail from its smallest terms keeps a row with top_p 1 whole, where
+    a float32 running sum from the top reaches 1 early and cut the row (an audit saw a seeded
+    row's draw change with a batch-mate's top-k); the most probable id always stays."""
+    sorted_logits, order = logits.sort(dim=-1)
     vocab = logits.shape[-1]
     ranks = torch.arange(vocab, device=logits.device).expand_as(sorted_logits)
     k = torch.where(top_k > 0, top_k, vocab).unsqueeze(-1)
-    remove = ranks >= k
+    remove = ranks < vocab - k
     probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=-1)
-    # Keep a token while the mass before it is below top_p; the first token always stays.
-    mass_before = probs.cumsum(dim=-1) - probs
-    remove |= mass_before >= top_p.unsqueeze(-1)
-    remove[:, 0] = False
+    remove |= probs.cumsum(dim=-1) <= (1 - top_p).unsqueeze(-1)
+    remove[:, -1] = False
     logits.scatter_(-1, order, sorted_logits.masked_fill(remove, float("-inf")))
 
 

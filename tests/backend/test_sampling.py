@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend.sampling import NO_TOKEN, Penalties, SamplingBatch, process_logits, sample
+from backend.sampling import (
+    NO_TOKEN,
+    Penalties,
+    SamplingBatch,
+    _filter_top_k_top_p,
+    process_logits,
+    sample,
+)
 
 
 def generator(seed: int) -> torch.Generator:
@@ -134,6 +141,23 @@ def test_a_seeded_row_draws_the_same_whatever_else_is_in_the_batch() -> None:
         batched.append(sample(logits, params)[2].item())
     assert batched == alone
     assert len(set(alone)) > 1  # it did sample
+
+
+def test_an_unfiltered_row_beside_a_filtered_one_keeps_every_id() -> None:
+    """top_p 1 and top_k 0 filter nothing, also when a batch-mate's top-k makes the batch
+    filter: the row's draw must not depend on its neighbours (vLLM sums the tail, not the
+    head, for this)."""
+    logits = torch.randn(2, 32000, generator=generator(3)) * 10  # peaked, as at T = 0.5
+    params = batch(2, temperature=1.0, top_k=[0, 5], top_p=[1.0, 1.0])
+    filtered = logits.clone()
+    _filter_top_k_top_p(filtered, params.top_k, params.top_p)
+    assert torch.equal(filtered[0], logits[0])
+    assert torch.isfinite(filtered[1]).sum().item() == 5
+    alone = logits[:1].clone()
+    assert torch.equal(
+        sample(alone, batch(1, generators=[generator(11)])),
+        sample(logits, batch(2, top_k=[0, 5], generators=[generator(11), generator(12)]))[:1],
+    )
 
 
 def test_frequencies_at_temperature_one_match_the_softmax() -> None:

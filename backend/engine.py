@@ -8,6 +8,7 @@ active sequences, samples all rows in one vectorised call and gathers all rows' 
 
 from __future__ import annotations
 
+import bisect
 import logging
 import queue
 import random
@@ -87,6 +88,8 @@ class _Pending:
     """When a compile still running makes the request fail (monotonic seconds)."""
     started: bool = False
     """In `_active`: it left the queue as it joined the batch (`Engine._activate`)."""
+    arrival: int = 0
+    """Its place in the order the engine thread took requests in (`Engine._take_incoming`)."""
 
 
 _WAKE = object()
@@ -213,9 +216,10 @@ class Engine:
         self._closed = False
         """Set once by `_end_in_flight`: `submit` then refuses instead of queueing."""
         self._compiling: list[_Pending] = []
-        """Out of the batch until their grammar is compiled."""
-        self._compiled: deque[_Pending] = deque()
-        """Compiled, waiting for a slot; admitted before newer requests."""
+        """Out of the batch until their grammar is compiled; then back in `_waiting`, in their
+        place by arrival, as vLLM keeps a request waiting for its grammar in its queue."""
+        self._arrivals = 0
+        """Requests taken from `_incoming` so far: each one's place in the arrival order."""
         self._active: list[_Sequence] = []
         # The last decode's logits [B, V] and the sequences of its rows: reused as the next
         # step's batch while membership is unchanged, instead of re-stacking the rows.
@@ -341,7 +345,7 @@ class Engine:
         """After the loop: every request still active or queued gets its final error."""
         with self._queued_lock:
             self._closed = True
-            waiting = [*self._waiting, *self._compiling, *self._compiled]
+            waiting = [*self._waiting, *self._compiling]
             while not self._incoming.empty():
                 item = self._incoming.get_nowait()
                 if isinstance(item, _Pending):
@@ -351,7 +355,6 @@ class Engine:
         self._active.clear()
         self._waiting.clear()
         self._compiling.clear()
-        self._compiled.clear()
         for pending in waiting:
             self._leave_queue()
             pending.sink.send_error(SHUTTING_DOWN, kind=BUSY)
@@ -361,16 +364,11 @@ class Engine:
             self._logprob_worker.shutdown()
 
     def _admit(self) -> None:
-        self._take_incoming(block=not (self._active or self._waiting or self._compiled))
+        self._take_incoming(block=not (self._active or self._waiting))
         self._sort_compiling()
         self._drop_cancelled_waiting()
-        while len(self._active) < self.runner.num_slots:
-            if self._compiled:
-                pending = self._compiled.popleft()
-            elif self._waiting:
-                pending = self._waiting.popleft()
-            else:
-                return
+        while len(self._active) < self.runner.num_slots and self._waiting:
+            pending = self._waiting.popleft()
             try:
                 self._start_sequence(pending)
             except Exception as exc:  # not yet in `_active`: answer it here, or it never ends
@@ -396,6 +394,8 @@ class Engine:
             item = self._incoming.get(timeout=0.05) if block else self._incoming.get_nowait()
             while True:
                 if isinstance(item, _Pending):
+                    item.arrival = self._arrivals
+                    self._arrivals += 1
                     if item.grammar is not None and not item.grammar.done():
                         self._compiling.append(item)
                     else:
@@ -407,7 +407,7 @@ class Engine:
     def _drop_cancelled_waiting(self) -> None:
         """Ends the waiting requests whose client left (vLLM aborts them at once too): they
         neither hold a place in the queue nor count as load until a slot frees."""
-        for queued in (self._waiting, self._compiled, self._compiling):
+        for queued in (self._waiting, self._compiling):
             flagged = [(pending, pending.sink.is_cancelled()) for pending in queued]
             if any(cancelled for _, cancelled in flagged):
                 queued.clear()
@@ -422,14 +422,15 @@ class Engine:
             self._queued -= 1
 
     def _sort_compiling(self) -> None:
-        """Compiled requests join `_compiled`; those past their deadline are refused."""
+        """Compiled requests rejoin `_waiting` in their place; those past their deadline are
+        refused."""
         if not self._compiling:
             return
         now, still = time.monotonic(), []
         for pending in self._compiling:
             assert pending.grammar is not None
             if pending.grammar.done():
-                self._compiled.append(pending)
+                bisect.insort(self._waiting, pending, key=lambda queued: queued.arrival)
             elif now >= pending.deadline and not pending.grammar.running():
                 # Other requests' specs held every compile thread: the load's fault, not the
                 # request's (it compiles later, and is cached).

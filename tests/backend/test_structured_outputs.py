@@ -290,6 +290,61 @@ def test_a_slow_compile_does_not_hold_up_the_next_one(
         engine.stop()
 
 
+class _FirstTokenOrder(RecordingSink):
+    """Appends `name` to `order` at its first output; cancelled once `leave` is set."""
+
+    def __init__(self, name: str, order: list[str], leave: threading.Event | None = None):
+        super().__init__()
+        self.name, self.order, self.leave = name, order, leave
+        self._sent = threading.Condition()
+
+    def send(self, output) -> None:  # type: ignore[no-untyped-def]
+        if not self.outputs:
+            self.order.append(self.name)
+        with self._sent:
+            super().send(output)
+            self._sent.notify_all()
+
+    def wait_for_outputs(self, count: int) -> bool:
+        with self._sent:
+            return self._sent.wait_for(lambda: len(self.outputs) >= count, WAIT_S)
+
+    def is_cancelled(self) -> bool:
+        return self.leave is not None and self.leave.is_set()
+
+
+def test_a_compiled_request_keeps_its_place_behind_older_ones(
+    model_dir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """First come, first served, as vLLM keeps a request waiting for its grammar in its place:
+    a request whose grammar compiled while it waited does not start before an older one."""
+    engine = Engine(ModelRunner(str(model_dir), max_num_seqs=1, max_model_len=256))
+    spec = StructuredOutput("choice", ("older", "newer"))
+    release = held_compiles(engine, monkeypatch, lambda held: held == spec)
+    engine.start()
+    try:
+        prompt = _prompt(model_dir)
+        order: list[str] = []
+        leave = threading.Event()
+        busy = _FirstTokenOrder("busy", order, leave)  # holds the one slot until told to leave
+        engine.submit(GenerationParams(prompt_ids=prompt, max_tokens=200, ignore_eos=True), busy)
+        assert busy.wait_for_outputs(1)
+        older, newer = _FirstTokenOrder("older", order), _FirstTokenOrder("newer", order)
+        engine.submit(GenerationParams(prompt_ids=prompt, max_tokens=2, temperature=0.0), older)
+        engine.submit(GenerationParams(prompt_ids=prompt, structured_output=spec), newer)
+        # Two more of busy's steps: the engine has taken both in, `newer` still compiling.
+        assert busy.wait_for_outputs(len(busy.outputs) + 2)
+        release.set()
+        engine._grammar_compiler().compile(spec).result(WAIT_S)  # compiled while it waits
+        leave.set()
+        assert older.done.wait(WAIT_S) and newer.done.wait(WAIT_S)
+        assert busy.kind == CANCELLED
+        assert order == ["busy", "older", "newer"]
+    finally:
+        release.set()
+        engine.stop()
+
+
 def test_a_cancelled_constrained_stream_frees_its_slot(runner, model_dir) -> None:
     engine = Engine(ModelRunner(str(model_dir), max_num_seqs=1, max_model_len=256))
     engine.start()

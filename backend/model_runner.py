@@ -44,13 +44,12 @@ def free_memory(device: torch.device) -> int:
     return available_bytes()
 
 
-def eos_token_ids(model_path: str, tokenizer: Any) -> frozenset[int]:
-    """Every id that ends generation: generation_config's list (chat models have several)."""
+def eos_token_ids(generation_config: GenerationConfig | None, tokenizer: Any) -> frozenset[int]:
+    """Every id that ends generation: the model's generation config's (chat models list
+    several; without a generation_config.json transformers derives it from the model config,
+    as vLLM does), and the tokenizer's."""
     ids: set[int] = set()
-    try:
-        configured = GenerationConfig.from_pretrained(model_path).eos_token_id
-    except OSError:
-        configured = None
+    configured = None if generation_config is None else generation_config.eos_token_id
     for value in (configured, tokenizer.eos_token_id):
         if isinstance(value, int):
             ids.add(value)
@@ -148,7 +147,7 @@ class ModelRunner:
             column_major_lm_head(self.model)
         config = self.model.config
         self.vocab_size = int(config.vocab_size)
-        self.eos_ids = eos_token_ids(model_path, self.tokenizer)
+        self.eos_ids = eos_token_ids(self.model.generation_config, self.tokenizer)
         self.max_model_len = served_context_length(config, max_model_len)
         self._masks = AttentionMasks(config, self.dtype, self.device)
         per_slot = bytes_per_slot(config, self.max_model_len, self.dtype)

@@ -124,6 +124,19 @@ def test_the_context_reads_the_saved_config(model_dir: Path, tmp_path: Path) -> 
     assert runner.max_model_len == served_context_length(AutoConfig.from_pretrained(path)) == 1024
 
 
+@pytest.mark.parametrize("generation_config_file", [True, False])
+def test_every_eos_id_of_the_model_ends_generation(
+    model_dir: Path, tmp_path: Path, generation_config_file: bool
+) -> None:
+    """The model's eos ids (a list, as Llama 3's) from generation_config.json, or without one
+    from config.json, as transformers' `generate` and vLLM stop at them; and the tokenizer's."""
+    path = _save(LlamaConfig(**_SIZES, eos_token_id=[5, 7]), model_dir, tmp_path / "m")
+    if not generation_config_file:
+        (path / "generation_config.json").unlink()
+    runner = ModelRunner(str(path), device="cpu", max_num_seqs=1, max_model_len=64)
+    assert runner.eos_ids == {5, 7, runner.tokenizer.eos_token_id}
+
+
 def test_a_model_the_cache_cannot_serve_is_refused_at_load(model_dir: Path, tmp_path: Path) -> None:
     """Bloom's ALiBi is built from a 2-D padding mask: it fails through the slot cache."""
     config = BloomConfig(hidden_size=64, n_layer=2, n_head=4, vocab_size=1024)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from backend import adapter_server, default_model
 from backend.adapter_server import AdapterServer
+from backend.model_folder import check_model_folder
 from backend.processes import ChildProcess
 from backend.repository import known_parameters, write_repository
 from backend.supervisor import RestartPolicy, Supervisor
@@ -118,8 +119,9 @@ def build_server(args: argparse.Namespace) -> TritonServer:
         raise SystemExit("--set model_path: give the model with --model-path")
     model_path = args.model_path or default_model.ensure()
     try:  # bad values fail here, in a second, rather than in the model's load
+        check_model_folder(model_path)
         repository = write_repository(args.run_dir / "model_repository", model_path, parameters)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:  # OSError: transformers' "cannot load the tokenizer"
         raise SystemExit(f"cannot serve {model_path}: {exc}") from None
     return TritonServer(
         model_repository=repository,

@@ -7,13 +7,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import AutoModelForCausalLM, GenerationConfig
 
 from backend.context_length import served_context_length
 from backend.contract import DEFAULT_MAX_NUM_SEQS
 from backend.fast_decode import FastDecoder, unsupported_reason
 from backend.host_memory import available_bytes
 from backend.kv_cache import SlotKVCache, bytes_per_slot
+from backend.model_folder import load_tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -140,7 +141,7 @@ class ModelRunner:
         `fast_decode`: decode and prefill through `FastDecoder` when the model qualifies."""
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = load_tokenizer(model_path)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype)
         self.model.to(self.device).eval()  # type: ignore[arg-type]  # transformers' wrapper hides Module.to
         if self.device.type == "cpu":

@@ -8,7 +8,7 @@ import json
 import jinja2
 import numpy as np
 from jinja2 import TemplateError, nodes
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig
 
 from backend.chat_content import ContentError, template_content
 from backend.contract import (
@@ -18,6 +18,7 @@ from backend.contract import (
     MESSAGES,
     TEXT_INPUT,
 )
+from backend.model_folder import load_tokenizer
 from backend.params import InvalidInputError
 from backend.token_bytes import token_bytes_table
 
@@ -77,7 +78,7 @@ def reads_content_parts(template: object) -> bool:
 
 class Preprocessor:
     def __init__(self, model_path: str) -> None:
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = load_tokenizer(model_path)
         config = AutoConfig.from_pretrained(model_path)
         self.vocab_size = int(config.get_text_config().vocab_size)
         self._token_bytes = token_bytes_table(self.tokenizer, self.vocab_size)

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from adapter.settings import AdapterSettings
 from backend.processes import ChildProcess, free_port
 
 NICE = 10
@@ -77,6 +78,14 @@ class AdapterServer(ChildProcess):
         for name, value in self.options.items():
             command += [f"--{name.replace('_', '-')}", str(value)]
         return command
+
+    @property
+    def stop_timeout_s(self) -> float:
+        """Its drain (`--drain-timeout-s`, from `options` or ADAPTER_DRAIN_TIMEOUT_S, as the
+        adapter reads it) and uvicorn's 5 s shutdown after it, with 5 s to spare: it is killed
+        only once its requests had their drain."""
+        known = {k: v for k, v in self.options.items() if k in AdapterSettings.model_fields}
+        return AdapterSettings.model_validate(known).drain_timeout_s + 10.0
 
     def env(self) -> dict[str, str]:
         env = super().env()

@@ -163,9 +163,17 @@ class ChildProcess:
             return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """`stop_signal`, up to `timeout_s` to exit, then SIGKILL to what is left of the group;
-        0 kills at once (a faulty process: a broken tritonserver waits its exit timeout)."""
+    @property
+    def stop_timeout_s(self) -> float:
+        """How long `stop` waits by default for the process to exit after `stop_signal`."""
+        return 30.0
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """`stop_signal`, up to `timeout_s` (default `stop_timeout_s`) to exit, then SIGKILL to
+        what is left of the group; 0 kills at once (a faulty process: a broken tritonserver
+        waits its exit timeout)."""
+        if timeout_s is None:
+            timeout_s = self.stop_timeout_s
         process, self._process = self._process, None
         if process is not None:
             if process.poll() is None and timeout_s > 0:

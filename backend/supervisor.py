@@ -128,7 +128,7 @@ class Supervisor:
         assert process.pid is not None
         self._guardian.watch(process.pid)
 
-    def _stop(self, process: ChildProcess, timeout_s: float = 30.0) -> None:
+    def _stop(self, process: ChildProcess, timeout_s: float | None = None) -> None:
         pid = process.pid
         process.stop(timeout_s)
         if pid is not None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from backend.adapter_server import AdapterServer
 from backend.launcher import build_adapter, parse_args
 from backend.processes import ChildProcess, free_port, free_ports
 from tests.integration.openai_support import wait_for
@@ -50,6 +51,19 @@ def test_the_launcher_starts_the_adapter_below_the_engines_priority() -> None:
     same = build_adapter(parse_args(["--adapter-nice", "0"]), triton)  # type: ignore[arg-type]
     assert default is not None and default.nice == 10
     assert same is not None and same.nice == 0
+
+
+def test_the_adapter_is_killed_only_after_its_drain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopping the adapter waits for its drain (`--drain-timeout-s`, as the adapter reads it)
+    and uvicorn's shutdown after it, not a fixed 30 s that cut a longer drain's streams."""
+    triton = type("Triton", (), {"grpc_url": "127.0.0.1:1"})()
+    monkeypatch.delenv("ADAPTER_DRAIN_TIMEOUT_S", raising=False)
+    adapter = build_adapter(parse_args([]), triton)  # type: ignore[arg-type]
+    assert adapter is not None and adapter.stop_timeout_s == 20.0 + 10.0
+    monkeypatch.setenv("ADAPTER_DRAIN_TIMEOUT_S", "40")
+    assert adapter.stop_timeout_s == 40.0 + 10.0
+    assert AdapterServer("127.0.0.1:1", options={"drain_timeout_s": 3}).stop_timeout_s == 13.0
+    assert Reporter().stop_timeout_s == 30.0
 
 
 def test_free_ports_are_distinct_bindable_by_a_server_and_held_from_everyone_else() -> None:

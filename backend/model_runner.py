@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,8 @@ from backend.fast_decode import FastDecoder, unsupported_reason
 from backend.host_memory import available_bytes
 from backend.kv_cache import SlotKVCache, bytes_per_slot
 from backend.model_folder import load_tokenizer
+
+logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -179,6 +182,8 @@ class ModelRunner:
             unsupported_reason(self.model) if fast_decode else "fast_decode is off"
         )
         self._fast = None if self.fast_decode_off_reason else FastDecoder(self.model, self.cache)
+        if self.fast_decode_off_reason:  # transformers' forward: correct, slower per step
+            logger.info("decoding with transformers' forward: %s", self.fast_decode_off_reason)
         self._check_against_plain_forward()
 
     def _check_against_plain_forward(self) -> None:

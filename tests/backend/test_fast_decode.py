@@ -4,6 +4,7 @@ decode steps."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -100,11 +101,17 @@ def test_fast_decode_equals_transformers(family: str, model_dir: Path, tmp_path:
     ],
 )
 def test_other_models_keep_transformers_decode(
-    config: PretrainedConfig, reason: str, model_dir: Path, tmp_path: Path
+    config: PretrainedConfig,
+    reason: str,
+    model_dir: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    runner = ModelRunner(str(_save(config, model_dir, tmp_path / "m")), device="cpu")
+    with caplog.at_level(logging.INFO, logger="backend.model_runner"):
+        runner = ModelRunner(str(_save(config, model_dir, tmp_path / "m")), device="cpu")
     assert runner.fast_decode_off_reason is not None
     assert reason in runner.fast_decode_off_reason
+    assert f"decoding with transformers' forward: {runner.fast_decode_off_reason}" in caplog.text
     logits = _run(runner, [[1, 2, 3], [4, 5]], 2)
     assert all(torch.isfinite(step).all() for step in logits)
 

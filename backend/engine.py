@@ -201,6 +201,7 @@ class Engine:
             max_model_len=runner.max_model_len,
             max_logprobs=max_logprobs,
             max_logprob_token_ids=max_logprob_token_ids,
+            sampling_defaults=runner.sampling_defaults,
         )
         self.token_bytes = token_bytes_table(runner.tokenizer, runner.vocab_size)
         self._skip_ids = special_token_ids(runner.tokenizer)

@@ -62,6 +62,41 @@ def eos_token_ids(generation_config: GenerationConfig | None, tokenizer: Any) ->
     return frozenset(ids)
 
 
+SAMPLING_DEFAULT_RANGES = {
+    "temperature": (0.0, float("inf")),
+    "top_p": (1e-9, 1.0),
+    "top_k": (0, float("inf")),
+    "min_p": (0.0, 1.0),
+    "repetition_penalty": (1e-9, float("inf")),
+}
+"""The generation config's sampling values a request falls back to, as vLLM reads them
+(`get_diff_sampling_param`), with the ranges `parse_request` holds requests to."""
+
+
+def sampling_defaults(generation_config: GenerationConfig | None) -> tuple[tuple[str, float], ...]:
+    """The sampling values the model's generation_config.json sets apart from transformers'
+    defaults (`to_diff_dict`, as vLLM): Qwen's temperature 0.7, top_p 0.8, top_k 20, ... A value
+    out of range is left out, with a warning."""
+    if generation_config is None:
+        return ()
+    chosen = []
+    for name, value in generation_config.to_diff_dict().items():
+        if name not in SAMPLING_DEFAULT_RANGES or value is None:
+            continue
+        low, high = SAMPLING_DEFAULT_RANGES[name]
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not low <= value <= high
+        ):
+            logger.warning("generation_config.json: %s=%r is out of range; not used", name, value)
+            continue
+        chosen.append((name, int(value) if name == "top_k" else float(value)))
+    if chosen:
+        logger.info("sampling defaults from generation_config.json: %s", dict(chosen))
+    return tuple(chosen)
+
+
 def column_major_lm_head(model: Any) -> None:
     """Stores the output projection's weight [V, H] column-major (as its transpose's storage).
 
@@ -152,6 +187,7 @@ class ModelRunner:
         config = self.model.config
         self.vocab_size = int(config.vocab_size)
         self.eos_ids = eos_token_ids(self.model.generation_config, self.tokenizer)
+        self.sampling_defaults = sampling_defaults(self.model.generation_config)
         self.max_model_len = served_context_length(config, max_model_len)
         self._masks = AttentionMasks(config, self.dtype, self.device)
         per_slot = bytes_per_slot(config, self.max_model_len, self.dtype)

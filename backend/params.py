@@ -27,6 +27,10 @@ class EngineLimits:
     """Largest natural top-k (`LOGPROBS`)."""
     max_logprob_token_ids: int = DEFAULT_MAX_LOGPROB_TOKEN_IDS
     """Most explicit ids (`LOGPROB_TOKEN_IDS`) per request."""
+    sampling_defaults: tuple[tuple[str, float], ...] = ()
+    """`GenerationParams` fields the model's generation_config.json sets (temperature, top_p,
+    top_k, min_p, repetition_penalty): a request's value for one that it leaves out, as vLLM
+    serves them (`backend.model_runner.sampling_defaults`)."""
 
 
 @dataclass

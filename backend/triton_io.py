@@ -129,6 +129,8 @@ def parse_request(
             f"at most {limits.max_model_len - 1} leave room for a token to generate",
         )
     params = GenerationParams(prompt_ids=prompt, request_id=request_id)
+    for name, value in limits.sampling_defaults:
+        setattr(params, name, value)
 
     max_tokens = _scalar(arrays, MAX_TOKENS, "iu")
     if max_tokens is not None:

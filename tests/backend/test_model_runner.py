@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import (
@@ -15,6 +16,7 @@ from transformers import (
     BloomConfig,
     Gemma2Config,
     Gemma3TextConfig,
+    GenerationConfig,
     GPT2Config,
     LlamaConfig,
     MistralConfig,
@@ -23,9 +25,11 @@ from transformers import (
     Qwen2Config,
 )
 
-from backend import model_runner
+from backend import contract, model_runner
 from backend.context_length import served_context_length
+from backend.engine import Engine
 from backend.model_runner import AttentionMasks, ModelRunner
+from backend.triton_io import parse_request
 from tests.backend.test_fast_decode import _SIZES, _save
 
 WINDOW = 8
@@ -135,6 +139,33 @@ def test_every_eos_id_of_the_model_ends_generation(
         (path / "generation_config.json").unlink()
     runner = ModelRunner(str(path), device="cpu", max_num_seqs=1, max_model_len=64)
     assert runner.eos_ids == {5, 7, runner.tokenizer.eos_token_id}
+
+
+def test_generation_config_sampling_values_become_the_requests_defaults(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """As vLLM serves them: what generation_config.json sets apart from transformers' own
+    defaults; a request's own value wins; a value out of range is left out."""
+    path = _save(LlamaConfig(**_SIZES), model_dir, tmp_path / "m")
+    GenerationConfig(
+        do_sample=True, temperature=0.7, top_k=1, top_p=0.8, min_p=-1.0, repetition_penalty=1.05
+    ).save_pretrained(path)
+    runner = ModelRunner(str(path), device="cpu", max_num_seqs=1, max_model_len=64)
+    assert dict(runner.sampling_defaults) == {
+        "temperature": 0.7,
+        "top_k": 1,
+        "top_p": pytest.approx(0.8),
+        "repetition_penalty": pytest.approx(1.05),
+    }
+    limits = Engine(runner).limits
+    prompt = {contract.INPUT_IDS: np.array([1, 2, 3], dtype=np.int32)}
+    params = parse_request(prompt, limits)
+    assert (params.temperature, params.top_k, params.min_p) == (0.7, 1, 0.0)
+    own = parse_request({**prompt, contract.TOP_K: np.array([0], dtype=np.int32)}, limits)
+    assert own.top_k == 0 and own.temperature == 0.7
+    plain = ModelRunner(str(model_dir), device="cpu", max_num_seqs=1, max_model_len=64)
+    assert plain.sampling_defaults == ()
+    assert parse_request(prompt, Engine(plain).limits).temperature == 1.0
 
 
 def test_a_model_the_cache_cannot_serve_is_refused_at_load(model_dir: Path, tmp_path: Path) -> None:

@@ -38,6 +38,8 @@ class TritonRequest:
     """Chat only: end the rendered chat with the assistant's header (the model's default)."""
     continue_final_message: bool | None = None
     """Chat only: leave the final message open for the model to continue."""
+    chat_template_kwargs: Mapping[str, Any] | None = None
+    """Chat only: the template's own variables (CHAT_TEMPLATE_KWARGS of `preprocessing`)."""
     max_tokens: int | None = None
     max_tokens_parameter: str | None = None
     """The request field `max_tokens` came from, when the caller set it: then the prompt and
@@ -129,6 +131,9 @@ def preprocessing_inputs(params: TritonRequest) -> dict[str, np.ndarray]:
     for name, flag in flags:
         if flag is not None:
             arrays[name] = _scalar(flag, np.bool_)
+    if params.chat_template_kwargs is not None:
+        kwargs = json.dumps(params.chat_template_kwargs, ensure_ascii=False)
+        arrays[contract.CHAT_TEMPLATE_KWARGS] = _strings([kwargs])
     return arrays
 
 

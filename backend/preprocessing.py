@@ -4,15 +4,17 @@ and token ids -> their bytes (detokenization, token strings), without running th
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import jinja2
 import numpy as np
-from jinja2 import TemplateError, nodes
+from jinja2 import TemplateError, meta, nodes
 from transformers import AutoConfig
 
 from backend.chat_content import ContentError, template_content
 from backend.contract import (
     ADD_GENERATION_PROMPT,
+    CHAT_TEMPLATE_KWARGS,
     CONTINUE_FINAL_MESSAGE,
     INPUT_IDS,
     MESSAGES,
@@ -34,14 +36,18 @@ def _one_string(name: str, value: np.ndarray) -> str:
         raise InvalidInputError(name, "is not valid UTF-8") from exc
 
 
-def _messages(raw: str, *, as_parts: bool) -> list[dict]:
-    """MESSAGES' JSON, each content shaped for the template (`template_content`)."""
+def _json(name: str, value: np.ndarray) -> Any:
     try:
-        messages = json.loads(raw)
+        return json.loads(_one_string(name, value))
     except json.JSONDecodeError as exc:
-        raise InvalidInputError(MESSAGES, f"is not valid JSON: {exc.msg}") from exc
+        raise InvalidInputError(name, f"is not valid JSON: {exc.msg}") from exc
     except RecursionError:
-        raise InvalidInputError(MESSAGES, "is nested too deeply") from None
+        raise InvalidInputError(name, "is nested too deeply") from None
+
+
+def _messages(value: np.ndarray, *, as_parts: bool) -> list[dict]:
+    """MESSAGES' JSON, each content shaped for the template (`template_content`)."""
+    messages = _json(MESSAGES, value)
     if not isinstance(messages, list) or not messages:
         raise InvalidInputError(MESSAGES, "must be a non-empty JSON list of messages")
     for message in messages:
@@ -76,6 +82,31 @@ def reads_content_parts(template: object) -> bool:
     return False
 
 
+RESERVED_TEMPLATE_VARIABLES = frozenset(
+    {
+        "messages",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "chat_template",
+        "tokenize",
+    }
+)
+"""What `apply_chat_template` sets or takes as its own arguments."""
+
+
+def template_variables(template: object) -> frozenset[str]:
+    """The variables a chat template reads that it does not set itself (`enable_thinking`, ...):
+    what CHAT_TEMPLATE_KWARGS may give it."""
+    if not isinstance(template, str):
+        return frozenset()
+    try:
+        return frozenset(meta.find_undeclared_variables(jinja2.Environment().parse(template)))
+    except jinja2.TemplateSyntaxError:
+        return frozenset()
+
+
 class Preprocessor:
     def __init__(self, model_path: str) -> None:
         self.tokenizer = load_tokenizer(model_path)
@@ -83,12 +114,30 @@ class Preprocessor:
         self.vocab_size = int(config.get_text_config().vocab_size)
         self._token_bytes = token_bytes_table(self.tokenizer, self.vocab_size)
         self._content_as_parts = reads_content_parts(self.tokenizer.chat_template)
+        self._template_variables = template_variables(self.tokenizer.chat_template)
 
     def token_bytes(self, ids: np.ndarray) -> np.ndarray:
         """BYTES [n]: each id's bytes (a special token's are its text)."""
         out = np.empty(len(ids), dtype=object)
         out[:] = [self._token_bytes[i] for i in ids.tolist()]
         return out
+
+    def _template_kwargs(self, raw: np.ndarray | None) -> dict[str, Any]:
+        """CHAT_TEMPLATE_KWARGS' JSON object, less the keys the template does not read (vLLM
+        drops those too); a key the server sets itself is refused."""
+        if raw is None:
+            return {}
+        given = _json(CHAT_TEMPLATE_KWARGS, raw)
+        if not isinstance(given, dict):
+            raise InvalidInputError(CHAT_TEMPLATE_KWARGS, "must be a JSON object")
+        reserved = sorted(RESERVED_TEMPLATE_VARIABLES & given.keys())
+        if reserved:
+            raise InvalidInputError(
+                CHAT_TEMPLATE_KWARGS,
+                f"`{reserved[0]}` is not the template's to take from a request (the server sets "
+                "it, or has an input of its own for it)",
+            )
+        return {key: value for key, value in given.items() if key in self._template_variables}
 
     def run(
         self,
@@ -99,6 +148,7 @@ class Preprocessor:
         *,
         add_generation_prompt: bool | None = None,
         continue_final_message: bool | None = None,
+        chat_template_kwargs: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """(INPUT_IDS, TOKEN_BYTES) of a text, chat or token-id input (exactly one of them)."""
         if input_ids is None:
@@ -108,6 +158,7 @@ class Preprocessor:
                 add_special_tokens,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
+                chat_template_kwargs=chat_template_kwargs,
             )
         elif text is not None or messages is not None:
             raise InvalidInputError(INPUT_IDS, f"give {INPUT_IDS} alone, not with a prompt")
@@ -131,6 +182,7 @@ class Preprocessor:
         *,
         add_generation_prompt: bool | None = None,
         continue_final_message: bool | None = None,
+        chat_template_kwargs: np.ndarray | None = None,
     ) -> np.ndarray:
         """INT32 prompt ids. Chat renders the template, by default with the generation prompt
         (vLLM's `add_generation_prompt`), or leaving the final message open for the model to
@@ -146,6 +198,7 @@ class Preprocessor:
             for name, flag in [
                 (ADD_GENERATION_PROMPT, add_generation_prompt),
                 (CONTINUE_FINAL_MESSAGE, continue_final_message),
+                (CHAT_TEMPLATE_KWARGS, chat_template_kwargs),
             ]:
                 if flag is not None:
                     raise InvalidInputError(name, f"applies to {MESSAGES} only")
@@ -159,15 +212,15 @@ class Preprocessor:
                     f"needs {ADD_GENERATION_PROMPT} false: the final message is continued, "
                     "no new one is started",
                 )
-            conversation = _messages(
-                _one_string(MESSAGES, messages), as_parts=self._content_as_parts
-            )
+            conversation = _messages(messages, as_parts=self._content_as_parts)
+            variables = self._template_kwargs(chat_template_kwargs)
             try:
                 rendered = self.tokenizer.apply_chat_template(
                     conversation,
                     add_generation_prompt=generation_prompt,
                     continue_final_message=bool(continue_final_message),
                     tokenize=False,
+                    **variables,
                 )
             except (TemplateError, ValueError) as exc:
                 # e.g. "Conversation roles must alternate ...", or a final message the

@@ -132,6 +132,11 @@ class ChatCompletionRequest(GenerationRequest):
         description="vLLM: leave the final message open, so that the model continues it (an "
         'assistant prefix such as "The answer is"); needs `add_generation_prompt: false`.',
     )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        description='vLLM: the chat template\'s own variables, e.g. `{"enable_thinking": false}` '
+        "for Qwen3; keys the template does not read are dropped.",
+    )
     echo: bool | None = Field(
         default=False,
         description="vLLM: when the last message is the assistant's, its content is returned "
@@ -154,7 +159,6 @@ class ChatCompletionRequest(GenerationRequest):
         "best_of": (1,),
         "prompt_logprob_token_ids": (),  # completions only: it needs `echo` of the prompt
         "chat_template": (),
-        "chat_template_kwargs": ({},),
         "documents": (),
         "mm_processor_kwargs": (),
     }
@@ -210,6 +214,7 @@ class ChatCompletionRequest(GenerationRequest):
             sampling,
             messages=tuple(message.to_template() for message in self.messages),
             add_generation_prompt=self.add_generation_prompt,
+            chat_template_kwargs=self.chat_template_kwargs or None,
             continue_final_message=self.continue_final_message,
             max_tokens=(default_max_tokens or INT32_MAX) if limit is None else limit,
             max_tokens_parameter=None if limit is None else self.token_limit_parameter(),

@@ -68,6 +68,7 @@ class OpenAIServingChat(OpenAIServing):
         contract.MESSAGES: "messages",
         contract.ADD_GENERATION_PROMPT: "add_generation_prompt",
         contract.CONTINUE_FINAL_MESSAGE: "continue_final_message",
+        contract.CHAT_TEMPLATE_KWARGS: "chat_template_kwargs",
         contract.INPUT_IDS: "messages",
         contract.LOGPROBS: "top_logprobs",
     }

@@ -45,9 +45,14 @@ class TokenizeRequest(OpenAIRequest):
         "needs `add_generation_prompt: false`.",
     )
 
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        description='vLLM: the chat template\'s own variables, e.g. `{"enable_thinking": false}` '
+        "for Qwen3; keys the template does not read are dropped.",
+    )
+
     unsupported: ClassVar[Mapping[str, tuple[Any, ...]]] = {
         "chat_template": (),
-        "chat_template_kwargs": ({},),
         "media_io_kwargs": (),
         "mm_processor_kwargs": (),
         "tools": ([],),
@@ -72,6 +77,7 @@ class TokenizeRequest(OpenAIRequest):
             messages=tuple(message.to_template() for message in self.messages),
             add_special_tokens=self.add_special_tokens,
             add_generation_prompt=self.add_generation_prompt,
+            chat_template_kwargs=self.chat_template_kwargs or None,
             continue_final_message=self.continue_final_message,
         )
 

@@ -29,6 +29,7 @@ class OpenAIServingTokenization(OpenAIServing):
         contract.ADD_SPECIAL_TOKENS: "add_special_tokens",
         contract.ADD_GENERATION_PROMPT: "add_generation_prompt",
         contract.CONTINUE_FINAL_MESSAGE: "continue_final_message",
+        contract.CHAT_TEMPLATE_KWARGS: "chat_template_kwargs",
         contract.INPUT_IDS: "tokens",
     }
 

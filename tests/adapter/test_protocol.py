@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from adapter.chat.protocol import ChatCompletionRequest
 from adapter.completions.protocol import CompletionRequest
 from adapter.protocol import INT32_MAX
+from adapter.tokenize.protocol import TokenizeRequest
 from tests.adapter.fakes import FakeEngine, output
 
 CHAT = "/v1/chat/completions"
@@ -463,3 +464,14 @@ def test_chat_messages_carry_vllm_s_text_parts_and_an_assistant_s_reasoning() ->
         {"role": "assistant", "content": "a", "reasoning": "so", "reasoning_content": "so"},
     )
     assert request.echo_text() == "a"
+
+
+def test_chat_template_kwargs_reach_the_template_s_request() -> None:
+    kwargs = {"enable_thinking": False}
+    chat = ChatCompletionRequest(messages=MESSAGES, chat_template_kwargs=kwargs)
+    [params] = chat.to_generation_params(default_max_tokens=256)
+    assert params.chat_template_kwargs == kwargs
+    tokenize = TokenizeRequest(messages=MESSAGES, chat_template_kwargs=kwargs)
+    assert tokenize.to_generation_params().chat_template_kwargs == kwargs
+    empty = ChatCompletionRequest(messages=MESSAGES, chat_template_kwargs={})
+    assert empty.to_generation_params(default_max_tokens=256)[0].chat_template_kwargs is None

@@ -127,6 +127,10 @@ def test_preprocessing_inputs_for_text_and_messages() -> None:
     assert [continued[name].dtype for name in flags] == [np.bool_, np.bool_]
     assert [continued[name].tolist() for name in flags] == [[False], [True]]
 
+    kwargs = {"enable_thinking": False, "note": "é"}
+    thinking = preprocessing_inputs(TritonRequest(messages=messages, chat_template_kwargs=kwargs))
+    assert json.loads(thinking[contract.CHAT_TEMPLATE_KWARGS][0].decode()) == kwargs
+
 
 @pytest.mark.parametrize(
     "params",

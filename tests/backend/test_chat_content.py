@@ -4,6 +4,7 @@ loop over them (vLLM's "string" and "openai" content formats)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -134,3 +135,69 @@ def test_content_that_is_not_text_is_invalid_input(model_dir: Path) -> None:
     preprocessor = Preprocessor(str(model_dir))
     with pytest.raises(InvalidInputError, match="MESSAGES: only text content parts"):
         _ids(preprocessor, [{"role": "user", "content": [{"type": "image_url"}]}])
+
+
+THINKING_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}"
+)
+"""Qwen3's switch, in short: `enable_thinking` false opens the reply with an empty thought."""
+
+
+@pytest.fixture(scope="module")
+def thinking_model(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("thinking")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.chat_template = THINKING_TEMPLATE
+    tokenizer.save_pretrained(out)
+    shutil.copy(model_dir / "config.json", out / "config.json")
+    return out
+
+
+def _rendered(preprocessor: Preprocessor, kwargs: object) -> str:
+    messages = np.array([json.dumps([{"role": "user", "content": "Hi"}]).encode()], dtype=object)
+    raw = None if kwargs is None else np.array([json.dumps(kwargs).encode()], dtype=object)
+    ids = preprocessor.to_ids(None, messages, chat_template_kwargs=raw)
+    return preprocessor.tokenizer.decode(ids.tolist())
+
+
+def test_chat_template_kwargs_reach_the_template(thinking_model: Path) -> None:
+    """vLLM's `chat_template_kwargs`: the template's own variables; keys it does not read are
+    dropped, as vLLM drops them."""
+    preprocessor = Preprocessor(str(thinking_model))
+    plain = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert _rendered(preprocessor, None) == plain
+    assert _rendered(preprocessor, {"enable_thinking": True, "unread": 1}) == plain
+    assert _rendered(preprocessor, {"enable_thinking": False}) == plain + "<think>\n\n</think>\n\n"
+    tokenizer = preprocessor.tokenizer
+    expected = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}],
+        add_generation_prompt=True,
+        tokenize=False,
+        enable_thinking=False,
+    )
+    assert _rendered(preprocessor, {"enable_thinking": False}) == expected
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ([1], "CHAT_TEMPLATE_KWARGS: must be a JSON object"),
+        ({"add_generation_prompt": False}, "`add_generation_prompt` is not the template's"),
+        ({"messages": []}, "`messages` is not the template's"),
+    ],
+)
+def test_bad_chat_template_kwargs_are_invalid_input(
+    thinking_model: Path, kwargs: object, message: str
+) -> None:
+    with pytest.raises(InvalidInputError, match=re.escape(message)):
+        _rendered(Preprocessor(str(thinking_model)), kwargs)
+
+
+def test_chat_template_kwargs_apply_to_messages_only(model_dir: Path) -> None:
+    text = np.array([b"Hi"], dtype=object)
+    kwargs = np.array([b"{}"], dtype=object)
+    with pytest.raises(InvalidInputError, match="CHAT_TEMPLATE_KWARGS: applies to MESSAGES only"):
+        Preprocessor(str(model_dir)).to_ids(text, None, chat_template_kwargs=kwargs)

@@ -318,6 +318,28 @@ def test_bad_chat_messages_are_refused(triton_server):
     assert result.error is not None and "MESSAGES: is not valid JSON" in result.error
 
 
+def test_chat_template_kwargs_reach_preprocessing_through_the_ensemble(triton_server):
+    """Wired through the ensemble to `preprocessing`: a valid object is taken (the test model's
+    template reads no such variable, so it is dropped), a bad one is refused by name."""
+    messages = text('[{"role": "user", "content": "Hi"}]')
+    ok = generate(
+        triton_server.grpc_url,
+        "ensemble",
+        {
+            contract.MESSAGES: messages,
+            contract.CHAT_TEMPLATE_KWARGS: text('{"enable_thinking": false}'),
+            contract.MAX_TOKENS: i32(2),
+        },
+    )
+    assert ok.error is None and len(ok.token_ids) == 2
+    bad = generate(
+        triton_server.grpc_url,
+        "ensemble",
+        {contract.MESSAGES: messages, contract.CHAT_TEMPLATE_KWARGS: text("[1]")},
+    )
+    assert bad.error is not None and "CHAT_TEMPLATE_KWARGS: must be a JSON object" in bad.error
+
+
 def test_an_empty_text_through_the_ensemble_names_text_input(triton_server):
     """The test tokenizer adds no BOS, so "" reaches `llm` as no ids; the client sent only
     TEXT_INPUT, and the error must name it."""

@@ -9,6 +9,7 @@ from backend.config import preprocessing_model_path
 from backend.contract import (
     ADD_GENERATION_PROMPT,
     ADD_SPECIAL_TOKENS,
+    CHAT_TEMPLATE_KWARGS,
     CONTINUE_FINAL_MESSAGE,
     INPUT_IDS,
     MESSAGES,
@@ -47,6 +48,7 @@ class TritonPythonModel:
                     _input(request, INPUT_IDS),
                     add_generation_prompt=_flag(request, ADD_GENERATION_PROMPT),
                     continue_final_message=_flag(request, CONTINUE_FINAL_MESSAGE),
+                    chat_template_kwargs=_input(request, CHAT_TEMPLATE_KWARGS),
                 )
             except InvalidInputError as exc:
                 error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)

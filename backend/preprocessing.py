@@ -222,9 +222,10 @@ class Preprocessor:
                     tokenize=False,
                     **variables,
                 )
-            except (TemplateError, ValueError) as exc:
-                # e.g. "Conversation roles must alternate ...", or a final message the
-                # template rewrites, so that it cannot be left open
+            except (TemplateError, ValueError, TypeError) as exc:
+                # e.g. "Conversation roles must alternate ...", a final message the template
+                # rewrites, so that it cannot be left open, or a request's template variable of
+                # a type the template cannot use (`enable_thinking + 1` on a string)
                 raise InvalidInputError(MESSAGES, f"the chat template refused them: {exc}") from exc
             prompt = str(rendered)  # tokenize=False: the template's text
             add = bool(add_special_tokens)

@@ -138,6 +138,7 @@ def test_content_that_is_not_text_is_invalid_input(model_dir: Path) -> None:
 
 
 THINKING_TEMPLATE = (
+    "{% if budget is defined %}{{ budget + 1 }}{% endif %}"
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
@@ -187,6 +188,7 @@ def test_chat_template_kwargs_reach_the_template(thinking_model: Path) -> None:
         ([1], "CHAT_TEMPLATE_KWARGS: must be a JSON object"),
         ({"add_generation_prompt": False}, "`add_generation_prompt` is not the template's"),
         ({"messages": []}, "`messages` is not the template's"),
+        ({"budget": "x"}, "MESSAGES: the chat template refused them"),  # "x" + 1: a TypeError
     ],
 )
 def test_bad_chat_template_kwargs_are_invalid_input(

@@ -186,6 +186,25 @@ def test_bad_input_is_invalid_arg_and_the_batch_is_still_answered(
     assert ids_of(after) == tokenizer(model_dir)("after")["input_ids"]
 
 
+def test_an_unexpected_error_fails_its_request_only(
+    preprocessing_model: Any, pb_utils: ModuleType, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = preprocessing_model.preprocessor.run
+
+    def run_or_fail(text: Any, *args: Any, **kwargs: Any) -> Any:
+        if text is not None and text.tolist() == [b"boom"]:
+            raise RuntimeError("a bug")
+        return run(text, *args, **kwargs)
+
+    monkeypatch.setattr(preprocessing_model.preprocessor, "run", run_or_fail)
+    requests = [FakeRequest({TEXT_INPUT: string(text)}) for text in ("before", "boom", "after")]
+    before, bad, after = preprocessing_model.execute(requests)
+    assert bad.error().code() == pb_utils.TritonError.INTERNAL
+    assert bad.error().message() == "internal error: a bug"
+    assert ids_of(before) == tokenizer(model_dir)("before")["input_ids"]
+    assert ids_of(after) == tokenizer(model_dir)("after")["input_ids"]
+
+
 @pytest.mark.parametrize("error", [TemplateError, ValueError])
 def test_a_chat_template_s_refusal_is_invalid_arg(
     preprocessing_model: Any,

@@ -54,6 +54,13 @@ class TritonPythonModel:
                 error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
                 responses.append(pb_utils.InferenceResponse(error=error))
                 continue
+            except Exception as exc:  # a bug: this request's error, not the whole batch's
+                pb_utils.Logger.log_error(f"preprocessing: {type(exc).__name__}: {exc}")
+                error = pb_utils.TritonError(
+                    f"internal error: {exc}", pb_utils.TritonError.INTERNAL
+                )
+                responses.append(pb_utils.InferenceResponse(error=error))
+                continue
             tensors = [pb_utils.Tensor(INPUT_IDS, ids), pb_utils.Tensor(TOKEN_BYTES, token_bytes)]
             responses.append(pb_utils.InferenceResponse(tensors))
         return responses

@@ -96,12 +96,12 @@ class ChatCompletionRequest(GenerationRequest):
     logprobs: bool | None = Field(
         default=False, description="Return the logprob of each generated token."
     )
-    # At least 1, as vLLM and OpenAI: a reply of no tokens is no reply (completions take 0 for
-    # `echo`, which scores the prompt).
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = Field(
+    # At least 1, as vLLM and OpenAI: a reply of no tokens is no reply; 0 only with `echo`,
+    # which then returns the assistant's prefix alone (`_check_request`).
+    max_completion_tokens: Annotated[int, Field(ge=0)] | None = Field(
         default=None, description="Tokens to generate at most; wins over `max_tokens`."
     )
-    max_tokens: Annotated[int, Field(ge=1)] | None = Field(
+    max_tokens: Annotated[int, Field(ge=0)] | None = Field(
         default=None, description="Deprecated alias of `max_completion_tokens`."
     )
     metadata: dict[str, Any] | None = Field(default=None, description="Accepted, not used.")
@@ -174,6 +174,12 @@ class ChatCompletionRequest(GenerationRequest):
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequestError(
                 "`top_logprobs` requires `logprobs: true`.", parameter="top_logprobs"
+            )
+        if self.token_limit() == 0 and not self.echo:
+            raise InvalidRequestError(
+                f"`{self.token_limit_parameter()}` must be at least 1 (0 only with `echo`).",
+                parameter=self.token_limit_parameter(),
+                value=0,
             )
         check_min_tokens(self.min_tokens, self.token_limit())
         check_chat_template_flags(self.add_generation_prompt, self.continue_final_message)

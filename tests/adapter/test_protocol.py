@@ -116,8 +116,14 @@ STANDARD_CASES = [
     (CHAT, chat(top_logprobs=2), "top_logprobs", "requires `logprobs: true`"),
     (CHAT, chat(logprobs=True, top_logprobs=6), "top_logprobs", "must be at most 5 (got 6)"),
     (CHAT, chat(max_completion_tokens=-1), "max_completion_tokens", "greater than or equal"),
-    (CHAT, chat(max_tokens=0), "max_tokens", "greater than or equal to 1"),
-    (CHAT, chat(max_completion_tokens=0), "max_completion_tokens", "greater than or equal to 1"),
+    (CHAT, chat(max_tokens=-1), "max_tokens", "greater than or equal to 0"),
+    (
+        CHAT,
+        chat(max_tokens=0),
+        "max_tokens",
+        "`max_tokens` must be at least 1 (0 only with `echo`)",
+    ),
+    (CHAT, chat(max_completion_tokens=0), "max_completion_tokens", "must be at least 1"),
     (CHAT, chat(messages=[]), "messages", "at least 1 item"),
     (CHAT, chat(messages=[{"role": "tool", "content": "x"}]), "messages", "role `tool`"),
     (

@@ -6,12 +6,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import jinja2
 import numpy as np
-from jinja2 import TemplateError, meta, nodes
+from jinja2 import TemplateError
 from transformers import AutoConfig
 
 from backend.chat_content import ContentError, template_content
+from backend.chat_template import (
+    REFUSED_VARIABLES,
+    SERVER_SET_VARIABLES,
+    reads_content_parts,
+    template_variables,
+)
 from backend.contract import (
     ADD_GENERATION_PROMPT,
     CHAT_TEMPLATE_KWARGS,
@@ -60,53 +65,6 @@ def _messages(value: np.ndarray, *, as_parts: bool) -> list[dict]:
     return messages
 
 
-def reads_content_parts(template: object) -> bool:
-    """Whether a chat template loops over a message's content (`{% for part in
-    message['content'] %}`), and so needs it as a list of parts: vLLM's "openai" content
-    format, which it detects the same way (`_detect_content_format`), though it also checks
-    that the loop's variable came from `messages`. Else content is one string."""
-    if not isinstance(template, str):
-        return False
-    try:
-        tree = jinja2.Environment().parse(template)
-    except jinja2.TemplateSyntaxError:
-        return False  # applying it will say what is wrong
-    for loop in tree.find_all(nodes.For):
-        source = loop.iter
-        while isinstance(source, nodes.Filter) and source.node is not None:
-            source = source.node  # e.g. `message['content'] | selectattr(...)`
-        if isinstance(source, nodes.Getattr) and source.attr == "content":
-            return True
-        if isinstance(source, nodes.Getitem) and getattr(source.arg, "value", None) == "content":
-            return True
-    return False
-
-
-RESERVED_TEMPLATE_VARIABLES = frozenset(
-    {
-        "messages",
-        "tools",
-        "documents",
-        "add_generation_prompt",
-        "continue_final_message",
-        "chat_template",
-        "tokenize",
-    }
-)
-"""What `apply_chat_template` sets or takes as its own arguments."""
-
-
-def template_variables(template: object) -> frozenset[str]:
-    """The variables a chat template reads that it does not set itself (`enable_thinking`, ...):
-    what CHAT_TEMPLATE_KWARGS may give it."""
-    if not isinstance(template, str):
-        return frozenset()
-    try:
-        return frozenset(meta.find_undeclared_variables(jinja2.Environment().parse(template)))
-    except jinja2.TemplateSyntaxError:
-        return frozenset()
-
-
 class Preprocessor:
     def __init__(self, model_path: str) -> None:
         self.tokenizer = load_tokenizer(model_path)
@@ -123,21 +81,24 @@ class Preprocessor:
         return out
 
     def _template_kwargs(self, raw: np.ndarray | None) -> dict[str, Any]:
-        """CHAT_TEMPLATE_KWARGS' JSON object, less the keys the template does not read (vLLM
-        drops those too); a key the server sets itself is refused."""
+        """CHAT_TEMPLATE_KWARGS' JSON object, less the keys the template does not read and those
+        the request's own inputs set (vLLM drops both); `apply_chat_template`'s own arguments
+        are refused, as vLLM refuses them."""
         if raw is None:
             return {}
         given = _json(CHAT_TEMPLATE_KWARGS, raw)
         if not isinstance(given, dict):
             raise InvalidInputError(CHAT_TEMPLATE_KWARGS, "must be a JSON object")
-        reserved = sorted(RESERVED_TEMPLATE_VARIABLES & given.keys())
-        if reserved:
+        refused = sorted(REFUSED_VARIABLES & given.keys())
+        if refused:
             raise InvalidInputError(
-                CHAT_TEMPLATE_KWARGS,
-                f"`{reserved[0]}` is not the template's to take from a request (the server sets "
-                "it, or has an input of its own for it)",
+                CHAT_TEMPLATE_KWARGS, f"`{refused[0]}` cannot be set from a request (as in vLLM)"
             )
-        return {key: value for key, value in given.items() if key in self._template_variables}
+        return {
+            key: value
+            for key, value in given.items()
+            if key in self._template_variables and key not in SERVER_SET_VARIABLES
+        }
 
     def run(
         self,
@@ -222,10 +183,11 @@ class Preprocessor:
                     tokenize=False,
                     **variables,
                 )
-            except (TemplateError, ValueError, TypeError) as exc:
+            except (TemplateError, ValueError, TypeError, ArithmeticError, RecursionError) as exc:
                 # e.g. "Conversation roles must alternate ...", a final message the template
-                # rewrites, so that it cannot be left open, or a request's template variable of
-                # a type the template cannot use (`enable_thinking + 1` on a string)
+                # rewrites, so that it cannot be left open, or a request's template variable the
+                # template cannot use: a string added to 1, jinja's range() past its limit
+                # (OverflowError), a value nested too deep for transformers' walk of it
                 raise InvalidInputError(MESSAGES, f"the chat template refused them: {exc}") from exc
             prompt = str(rendered)  # tokenize=False: the template's text
             add = bool(add_special_tokens)

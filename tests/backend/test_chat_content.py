@@ -14,8 +14,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from backend.chat_content import ContentError, template_content
+from backend.chat_template import reads_content_parts
 from backend.params import InvalidInputError
-from backend.preprocessing import Preprocessor, reads_content_parts
+from backend.preprocessing import Preprocessor
 
 PARTS_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -40,6 +41,15 @@ PARTS_TEMPLATE = (
             "{% endif %}{% endfor %}",
             True,
         ),
+        (
+            "{% set loop_messages = messages[1:] %}{% for message in loop_messages %}"
+            "{% for part in message['content'] %}{{ part.text }}{% endfor %}{% endfor %}",
+            True,
+        ),
+        ("{% set first = messages[0] %}{% for p in first.content %}{{ p }}{% endfor %}", True),
+        # Only a message's content counts, as in vLLM: not a document's, nor messages[0]'s.
+        ("{% for d in documents %}{% for p in d.content %}{{ p }}{% endfor %}{% endfor %}", False),
+        ("{% for p in messages[0]['content'] %}{{ p }}{% endfor %}", False),
         ("{% for m in messages %}{{ m['content'] }}{% endfor %}", False),
         ("{% for m in messages %}{% for x in m.tool_calls %}{% endfor %}{% endfor %}", False),
         ("{% for m in messages %", False),  # applying it says what is wrong
@@ -139,6 +149,7 @@ def test_content_that_is_not_text_is_invalid_input(model_dir: Path) -> None:
 
 THINKING_TEMPLATE = (
     "{% if budget is defined %}{{ budget + 1 }}{% endif %}"
+    "{% if turns is defined %}{% for _ in range(turns) %}{% endfor %}{% endif %}"
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
@@ -171,6 +182,8 @@ def test_chat_template_kwargs_reach_the_template(thinking_model: Path) -> None:
     plain = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     assert _rendered(preprocessor, None) == plain
     assert _rendered(preprocessor, {"enable_thinking": True, "unread": 1}) == plain
+    # The request's own inputs win over the same keys here, as in vLLM.
+    assert _rendered(preprocessor, {"add_generation_prompt": False, "messages": []}) == plain
     assert _rendered(preprocessor, {"enable_thinking": False}) == plain + "<think>\n\n</think>\n\n"
     tokenizer = preprocessor.tokenizer
     expected = tokenizer.apply_chat_template(
@@ -186,9 +199,12 @@ def test_chat_template_kwargs_reach_the_template(thinking_model: Path) -> None:
     ("kwargs", "message"),
     [
         ([1], "CHAT_TEMPLATE_KWARGS: must be a JSON object"),
-        ({"add_generation_prompt": False}, "`add_generation_prompt` is not the template's"),
-        ({"messages": []}, "`messages` is not the template's"),
+        ({"chat_template": "{{ 1 }}"}, "`chat_template` cannot be set from a request"),
+        ({"tokenize": True}, "`tokenize` cannot be set from a request"),
         ({"budget": "x"}, "MESSAGES: the chat template refused them"),  # "x" + 1: a TypeError
+        ({"turns": 10**6}, "MESSAGES: the chat template refused them"),  # the sandbox's range
+        # transformers walks every value it passes the template: too deep for the stack
+        ({"enable_thinking": json.loads("[" * 900 + "]" * 900)}, "MESSAGES: the chat template"),
     ],
 )
 def test_bad_chat_template_kwargs_are_invalid_input(

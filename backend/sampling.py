@@ -161,12 +161,12 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.
     As vLLM: sorted ascending, the least probable ids go while their summed mass is at most
     1 - top_p. Summing the tail from its smallest terms keeps a row with top_p 1 whole, where
     a float32 running sum from the top reaches 1 early and cut the row (an audit saw a seeded
-    row's draw change with a batch-mate's top-k); the most probable id always stays."""
+    row's draw change with a batch-mate's top-k); the most probable id always stays. Top-k keeps
+    every id as probable as the k-th, ties included, as vLLM does."""
     sorted_logits, order = logits.sort(dim=-1)
     vocab = logits.shape[-1]
-    ranks = torch.arange(vocab, device=logits.device).expand_as(sorted_logits)
-    k = torch.where(top_k > 0, top_k, vocab).unsqueeze(-1)
-    remove = ranks < vocab - k
+    k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab).unsqueeze(-1)
+    remove = sorted_logits < sorted_logits.gather(-1, vocab - k)  # ids tied with the k-th stay
     probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=-1)
     remove |= probs.cumsum(dim=-1) <= (1 - top_p).unsqueeze(-1)
     remove[:, -1] = False

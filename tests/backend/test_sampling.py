@@ -160,6 +160,18 @@ def test_an_unfiltered_row_beside_a_filtered_one_keeps_every_id() -> None:
     )
 
 
+def test_top_k_keeps_the_ids_tied_with_the_kth_as_vllm() -> None:
+    logits = torch.tensor([[2.0, 2.0, 1.0, 0.0], [3.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    filtered = logits.clone()
+    top_k = torch.tensor([1, 2, 9])  # 9 > the vocabulary: everything
+    _filter_top_k_top_p(filtered, top_k, torch.ones(3))
+    assert torch.isfinite(filtered).tolist() == [
+        [True, True, False, False],
+        [True, True, True, False],
+        [True, True, True, True],
+    ]
+
+
 def test_frequencies_at_temperature_one_match_the_softmax() -> None:
     n = 40000
     probs = LOGITS.double().softmax(-1)

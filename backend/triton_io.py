@@ -263,17 +263,19 @@ def _parse_logits_processing(
         params.allowed_token_ids = allowed
     min_tokens = _scalar(arrays, MIN_TOKENS, "iu")
     if min_tokens is not None:
-        if not 0 <= min_tokens <= params.max_tokens:
-            raise InvalidInputError(
-                MIN_TOKENS, f"must be in [0, MAX_TOKENS={params.max_tokens}], got {min_tokens}"
-            )
         room = limits.max_model_len - len(params.prompt_ids)
-        if min_tokens > room:  # vLLM's min_tokens <= max_tokens, its max_tokens cut to the room
+        # vLLM's min_tokens <= max_tokens, its max_tokens cut to the room. The room first: a
+        # chat without a limit has MAX_TOKENS set by the adapter, not by its client.
+        if min_tokens > room:
             raise InvalidInputError(
                 MIN_TOKENS,
                 f"must be at most the {room} tokens that this model's maximum context length of "
                 f"{limits.max_model_len} tokens leaves after the prompt's {len(params.prompt_ids)}"
                 f", got {min_tokens}",
+            )
+        if not 0 <= min_tokens <= params.max_tokens:
+            raise InvalidInputError(
+                MIN_TOKENS, f"must be in [0, MAX_TOKENS={params.max_tokens}], got {min_tokens}"
             )
         params.min_tokens = min_tokens
     params.include_stop_str_in_output = bool(_scalar(arrays, INCLUDE_STOP_STR_IN_OUTPUT, "b"))

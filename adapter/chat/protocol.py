@@ -229,11 +229,14 @@ class ChatCompletionRequest(GenerationRequest):
         return self.samples(params)
 
 
+# The entries are TypedDicts, not models: a response with 1024 `logprob_token_ids` holds 1024
+# of them a token, and a dict is built for a tenth of a model's cost (docs/design.md, "Logprob
+# entries as dicts"). `ChatCompletionLogProbs` is built with `model_construct` from the
+# engine's own values (`ChatLogprobsBuilder`), so they are not validated again; the schema
+# still documents and serializes them.
 class ChatCompletionLogProb(TypedDict):
-    """One token's entry; `bytes` are its real bytes from the model (may be part of a
-    multi-byte character). A TypedDict, not a model: a response with 1024
-    `logprob_token_ids` holds 1024 of them a token, and a dict is built for a tenth of a
-    model's cost (docs/design.md, "Logprob entries as dicts")."""
+    """One token: its text, its logprob, and its real bytes from the model (which may be part
+    of a multi-byte character)."""
 
     token: str
     logprob: float
@@ -245,8 +248,7 @@ class ChatCompletionLogProbsContent(ChatCompletionLogProb):
 
 
 class ChatCompletionLogProbs(BaseModel):
-    """Built with `model_construct` from the engine's own values (`ChatLogprobsBuilder`), so
-    its entries are not validated again; the schema still documents and serializes them."""
+    """Each generated token's logprob entry, with its `top_logprobs`."""
 
     content: list[ChatCompletionLogProbsContent] | None = None
 

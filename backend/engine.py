@@ -202,6 +202,7 @@ class Engine:
             max_logprobs=max_logprobs,
             max_logprob_token_ids=max_logprob_token_ids,
             sampling_defaults=runner.sampling_defaults,
+            max_new_tokens=runner.max_new_tokens,
         )
         self.token_bytes = token_bytes_table(runner.tokenizer, runner.vocab_size)
         self._skip_ids = special_token_ids(runner.tokenizer)

@@ -97,6 +97,15 @@ def sampling_defaults(generation_config: GenerationConfig | None) -> tuple[tuple
     return tuple(chosen)
 
 
+def generation_max_new_tokens(generation_config: GenerationConfig | None) -> int | None:
+    """generation_config.json's `max_new_tokens`, which vLLM takes as a cap on every
+    request's `max_tokens` (`get_max_tokens`); None where it sets none (or no positive one)."""
+    if generation_config is None:
+        return None
+    value = generation_config.to_diff_dict().get("max_new_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def column_major_lm_head(model: Any) -> None:
     """Stores the output projection's weight [V, H] column-major (as its transpose's storage).
 
@@ -188,6 +197,7 @@ class ModelRunner:
         self.vocab_size = int(config.vocab_size)
         self.eos_ids = eos_token_ids(self.model.generation_config, self.tokenizer)
         self.sampling_defaults = sampling_defaults(self.model.generation_config)
+        self.max_new_tokens = generation_max_new_tokens(self.model.generation_config)
         self.max_model_len = served_context_length(config, max_model_len)
         self._masks = AttentionMasks(config, self.dtype, self.device)
         per_slot = bytes_per_slot(config, self.max_model_len, self.dtype)

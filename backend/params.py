@@ -31,6 +31,9 @@ class EngineLimits:
     """`GenerationParams` fields the model's generation_config.json sets (temperature, top_p,
     top_k, min_p, repetition_penalty): a request's value for one that it leaves out, as vLLM
     serves them (`backend.model_runner.sampling_defaults`)."""
+    max_new_tokens: int | None = None
+    """generation_config.json's `max_new_tokens`: the most tokens any request generates, as
+    vLLM caps `max_tokens` with it."""
 
 
 @dataclass

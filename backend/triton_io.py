@@ -137,6 +137,8 @@ def parse_request(
         if max_tokens < 0:
             raise InvalidInputError(MAX_TOKENS, f"must be >= 0, got {max_tokens}")
         params.max_tokens = max_tokens
+    if limits.max_new_tokens is not None:
+        params.max_tokens = min(params.max_tokens, limits.max_new_tokens)
     temperature = _scalar(arrays, TEMPERATURE, "f")
     if temperature is not None:
         if not 0.0 <= temperature < float("inf"):

@@ -141,14 +141,20 @@ def test_every_eos_id_of_the_model_ends_generation(
     assert runner.eos_ids == {5, 7, runner.tokenizer.eos_token_id}
 
 
-def test_generation_config_sampling_values_become_the_requests_defaults(
+def test_generation_config_sampling_values_become_the_requests_defaults_and_cap(
     model_dir: Path, tmp_path: Path
 ) -> None:
     """As vLLM serves them: what generation_config.json sets apart from transformers' own
     defaults; a request's own value wins; a value out of range is left out."""
     path = _save(LlamaConfig(**_SIZES), model_dir, tmp_path / "m")
     GenerationConfig(
-        do_sample=True, temperature=0.7, top_k=1, top_p=0.8, min_p=-1.0, repetition_penalty=1.05
+        do_sample=True,
+        temperature=0.7,
+        top_k=1,
+        top_p=0.8,
+        min_p=-1.0,
+        repetition_penalty=1.05,
+        max_new_tokens=5,
     ).save_pretrained(path)
     runner = ModelRunner(str(path), device="cpu", max_num_seqs=1, max_model_len=64)
     assert dict(runner.sampling_defaults) == {
@@ -163,9 +169,16 @@ def test_generation_config_sampling_values_become_the_requests_defaults(
     assert (params.temperature, params.top_k, params.min_p) == (0.7, 1, 0.0)
     own = parse_request({**prompt, contract.TOP_K: np.array([0], dtype=np.int32)}, limits)
     assert own.top_k == 0 and own.temperature == 0.7
+    # max_new_tokens caps every request's MAX_TOKENS, as vLLM's get_max_tokens
+    assert params.max_tokens == 5
+    capped = parse_request({**prompt, contract.MAX_TOKENS: np.array([9], dtype=np.int32)}, limits)
+    assert capped.max_tokens == 5
+    fewer = parse_request({**prompt, contract.MAX_TOKENS: np.array([2], dtype=np.int32)}, limits)
+    assert fewer.max_tokens == 2
     plain = ModelRunner(str(model_dir), device="cpu", max_num_seqs=1, max_model_len=64)
     assert plain.sampling_defaults == ()
     assert parse_request(prompt, Engine(plain).limits).temperature == 1.0
+    assert parse_request(prompt, Engine(plain).limits).max_tokens == 16
 
 
 def test_a_model_the_cache_cannot_serve_is_refused_at_load(model_dir: Path, tmp_path: Path) -> None:

@@ -95,15 +95,18 @@ def test_other_content_is_refused(content: Any, message: str) -> None:
         template_content(content, as_parts=False)
 
 
-@pytest.fixture(scope="module")
-def parts_model(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The test model's tokenizer with `PARTS_TEMPLATE`."""
-    out = tmp_path_factory.mktemp("parts")
+def _with_template(model_dir: Path, out: Path, template: str) -> Path:
+    """The test model's tokenizer and config, with `template` as its chat template."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tokenizer.chat_template = PARTS_TEMPLATE
+    tokenizer.chat_template = template
     tokenizer.save_pretrained(out)
     shutil.copy(model_dir / "config.json", out / "config.json")
     return out
+
+
+@pytest.fixture(scope="module")
+def parts_model(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _with_template(model_dir, tmp_path_factory.mktemp("parts"), PARTS_TEMPLATE)
 
 
 def _ids(preprocessor: Preprocessor, messages: list[dict[str, Any]]) -> list[int]:
@@ -160,12 +163,7 @@ THINKING_TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def thinking_model(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("thinking")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tokenizer.chat_template = THINKING_TEMPLATE
-    tokenizer.save_pretrained(out)
-    shutil.copy(model_dir / "config.json", out / "config.json")
-    return out
+    return _with_template(model_dir, tmp_path_factory.mktemp("thinking"), THINKING_TEMPLATE)
 
 
 def _rendered(preprocessor: Preprocessor, kwargs: object) -> str:

@@ -26,15 +26,28 @@ class TokenLogprob(NamedTuple):
     token_bytes: bytes
     logprob: float
 
-    def text(self, as_token_ids: bool) -> str:
-        return token_text(self.token_id, self.token_bytes, as_token_ids)
-
 
 def token_text(token_id: int, token_bytes: bytes, as_token_ids: bool) -> str:
     """A token as the API shows it (see the module docstring)."""
     if as_token_ids:
         return f"token_id:{token_id}"
     return token_bytes.decode("utf-8", errors="replace")
+
+
+class ShownTokens(dict[tuple[int, bytes], tuple[str, list[int]]]):
+    """(id, bytes) -> the token's text (`token_text`) and its bytes as a list, formatted once
+    per request: with explicit ids the same tokens recur at every position. A dict whose
+    misses fill it, so that a hit costs no Python call (docs/design.md, "Logprob entries as
+    dicts")."""
+
+    def __init__(self, as_token_ids: bool) -> None:
+        super().__init__()
+        self._as_token_ids = as_token_ids
+
+    def __missing__(self, key: tuple[int, bytes]) -> tuple[str, list[int]]:
+        token_id, token_bytes = key
+        shown = self[key] = (token_text(token_id, token_bytes, self._as_token_ids), [*token_bytes])
+        return shown
 
 
 @dataclass(frozen=True)

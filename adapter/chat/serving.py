@@ -19,7 +19,7 @@ from adapter.chat.protocol import (
     DeltaMessage,
 )
 from adapter.context import current_request_id
-from adapter.logprobs import LogprobsCollector, TokenLogprob
+from adapter.logprobs import LogprobsCollector, ShownTokens, TokenLogprob
 from adapter.protocol import INT32_MAX, UsageInfo
 from adapter.serving import SAMPLING_TENSOR_PARAMS, JSONBody, OpenAIServing
 from adapter.tensors import TritonOutput, TritonRequest
@@ -29,23 +29,16 @@ logger = logging.getLogger(__name__)
 
 
 class ChatLogprobsBuilder:
-    """Formats `logprobs.content` of one request, response by response.
-
-    Each token's text and bytes are formatted once per request: with explicit ids the same
-    tokens recur at every position."""
+    """Formats `logprobs.content` of one request, response by response."""
 
     def __init__(self, params: TritonRequest, *, as_token_ids: bool) -> None:
         self._collector = LogprobsCollector(params.logprob_token_ids)
-        self._as_token_ids = as_token_ids
+        self._shown = ShownTokens(as_token_ids)
         self._logprobs = params.logprobs is not None
-        self._shown: dict[tuple[int, bytes], tuple[str, list[int]]] = {}
 
     def _entry(self, token: TokenLogprob) -> ChatCompletionLogProb:
-        key = (token.token_id, token.token_bytes)
-        shown = self._shown.get(key)
-        if shown is None:
-            shown = self._shown[key] = (token.text(self._as_token_ids), list(token.token_bytes))
-        return {"token": shown[0], "logprob": token.logprob, "bytes": shown[1]}
+        text, token_bytes = self._shown[token.token_id, token.token_bytes]
+        return {"token": text, "logprob": token.logprob, "bytes": token_bytes}
 
     def build(self, outputs: Sequence[TritonOutput]) -> ChatCompletionLogProbs | None:
         """None when the request asked for no logprobs."""

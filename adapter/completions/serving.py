@@ -18,7 +18,13 @@ from adapter.completions.protocol import (
 )
 from adapter.context import current_request_id
 from adapter.errors import EngineError
-from adapter.logprobs import LogprobsCollector, PositionLogprobs, TokenLogprob, token_text
+from adapter.logprobs import (
+    LogprobsCollector,
+    PositionLogprobs,
+    ShownTokens,
+    TokenLogprob,
+    token_text,
+)
 from adapter.protocol import UsageInfo
 from adapter.serving import SAMPLING_TENSOR_PARAMS, JSONBody, OpenAIServing
 from adapter.tensors import TritonOutput, TritonRequest
@@ -57,8 +63,7 @@ class CompletionChoiceBuilder:
         self._prompt_text = params.text
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._offset = 0
-        self._texts: dict[tuple[int, bytes], str] = {}
-        """Each token's text, formatted once: explicit ids recur at every position."""
+        self._shown = ShownTokens(self._as_token_ids)
 
     def build(self, outputs: Sequence[TritonOutput]) -> tuple[str, CompletionLogProbs | None]:
         text = ""
@@ -123,15 +128,8 @@ class CompletionChoiceBuilder:
         if entries is not None:
             top = {}
             for entry in entries:
-                top.setdefault(self._text(entry), entry.logprob)
+                top.setdefault(self._shown[entry.token_id, entry.token_bytes][0], entry.logprob)
         lists.top_logprobs.append(top)
-
-    def _text(self, token: TokenLogprob) -> str:
-        key = (token.token_id, token.token_bytes)
-        text = self._texts.get(key)
-        if text is None:
-            text = self._texts[key] = token.text(self._as_token_ids)
-        return text
 
 
 class OpenAIServingCompletion(OpenAIServing):

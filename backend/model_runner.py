@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -73,14 +73,12 @@ SAMPLING_DEFAULT_RANGES = {
 (`get_diff_sampling_param`), with the ranges `parse_request` holds requests to."""
 
 
-def sampling_defaults(generation_config: GenerationConfig | None) -> tuple[tuple[str, float], ...]:
+def sampling_defaults(generation: Mapping[str, Any]) -> tuple[tuple[str, float], ...]:
     """The sampling values the model's generation_config.json sets apart from transformers'
-    defaults (`to_diff_dict`, as vLLM): Qwen's temperature 0.7, top_p 0.8, top_k 20, ... A value
-    out of range is left out, with a warning."""
-    if generation_config is None:
-        return ()
+    defaults (`generation`: its `to_diff_dict`, as vLLM reads it): Qwen's temperature 0.7, top_p
+    0.8, top_k 20, ... A value out of range is left out, with a warning."""
     chosen = []
-    for name, value in generation_config.to_diff_dict().items():
+    for name, value in generation.items():
         if name not in SAMPLING_DEFAULT_RANGES or value is None:
             continue
         low, high = SAMPLING_DEFAULT_RANGES[name]
@@ -97,12 +95,11 @@ def sampling_defaults(generation_config: GenerationConfig | None) -> tuple[tuple
     return tuple(chosen)
 
 
-def generation_max_new_tokens(generation_config: GenerationConfig | None) -> int | None:
-    """generation_config.json's `max_new_tokens`, which vLLM takes as a cap on every
-    request's `max_tokens` (`get_max_tokens`); None where it sets none (or no positive one)."""
-    if generation_config is None:
-        return None
-    value = generation_config.to_diff_dict().get("max_new_tokens")
+def generation_max_new_tokens(generation: Mapping[str, Any]) -> int | None:
+    """generation_config.json's `max_new_tokens` (`generation`: its `to_diff_dict`), which vLLM
+    takes as a cap on every request's `max_tokens` (`get_max_tokens`); None where it sets none
+    (or no positive one)."""
+    value = generation.get("max_new_tokens")
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
@@ -195,9 +192,11 @@ class ModelRunner:
             column_major_lm_head(self.model)
         config = self.model.config
         self.vocab_size = int(config.vocab_size)
-        self.eos_ids = eos_token_ids(self.model.generation_config, self.tokenizer)
-        self.sampling_defaults = sampling_defaults(self.model.generation_config)
-        self.max_new_tokens = generation_max_new_tokens(self.model.generation_config)
+        generation_config = self.model.generation_config
+        self.eos_ids = eos_token_ids(generation_config, self.tokenizer)
+        generation = {} if generation_config is None else generation_config.to_diff_dict()
+        self.sampling_defaults = sampling_defaults(generation)
+        self.max_new_tokens = generation_max_new_tokens(generation)
         self.max_model_len = served_context_length(config, max_model_len)
         self._masks = AttentionMasks(config, self.dtype, self.device)
         per_slot = bytes_per_slot(config, self.max_model_len, self.dtype)

@@ -458,6 +458,16 @@ def check_min_tokens(min_tokens: int | None, max_tokens: int | None) -> None:
         )
 
 
+ChatTemplateKwargs = Annotated[
+    dict[str, Any] | None,
+    Field(
+        description='vLLM: the chat template\'s own variables, e.g. `{"enable_thinking": false}` '
+        "for Qwen3; keys the template does not read are dropped."
+    ),
+]
+"""vLLM's `chat_template_kwargs`, on chat and on `/tokenize` with `messages`."""
+
+
 def check_chat_template_flags(
     add_generation_prompt: bool | None, continue_final_message: bool | None
 ) -> None:

@@ -14,6 +14,7 @@ from adapter.errors import InvalidRequestError
 from adapter.protocol import (
     INT32_MAX,
     VLLM_UNSUPPORTED,
+    ChatTemplateKwargs,
     GenerationRequest,
     OpenAIBaseModel,
     UsageInfo,
@@ -132,11 +133,7 @@ class ChatCompletionRequest(GenerationRequest):
         description="vLLM: leave the final message open, so that the model continues it (an "
         'assistant prefix such as "The answer is"); needs `add_generation_prompt: false`.',
     )
-    chat_template_kwargs: dict[str, Any] | None = Field(
-        default=None,
-        description='vLLM: the chat template\'s own variables, e.g. `{"enable_thinking": false}` '
-        "for Qwen3; keys the template does not read are dropped.",
-    )
+    chat_template_kwargs: ChatTemplateKwargs = None
     echo: bool | None = Field(
         default=False,
         description="vLLM: when the last message is the assistant's, its content is returned "

@@ -9,7 +9,12 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from adapter.chat.protocol import ChatMessage
 from adapter.errors import InvalidRequestError
-from adapter.protocol import OpenAIRequest, check_chat_template_flags, check_token_ids
+from adapter.protocol import (
+    ChatTemplateKwargs,
+    OpenAIRequest,
+    check_chat_template_flags,
+    check_token_ids,
+)
 from adapter.tensors import TritonRequest
 
 
@@ -45,11 +50,7 @@ class TokenizeRequest(OpenAIRequest):
         "needs `add_generation_prompt: false`.",
     )
 
-    chat_template_kwargs: dict[str, Any] | None = Field(
-        default=None,
-        description='vLLM: the chat template\'s own variables, e.g. `{"enable_thinking": false}` '
-        "for Qwen3; keys the template does not read are dropped.",
-    )
+    chat_template_kwargs: ChatTemplateKwargs = None
 
     unsupported: ClassVar[Mapping[str, tuple[Any, ...]]] = {
         "chat_template": (),

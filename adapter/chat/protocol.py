@@ -193,11 +193,17 @@ class ChatCompletionRequest(GenerationRequest):
         """The field `token_limit` reads, or would: errors about the limit name it."""
         return "max_tokens" if self.max_completion_tokens is None else "max_completion_tokens"
 
+    def reply_role(self) -> str:
+        """The reply's role: the assistant's when the template starts a new message, else the
+        last message's, which the reply continues (vLLM's `get_chat_request_role`; null is
+        the default, true)."""
+        return "assistant" if self.add_generation_prompt is not False else self.messages[-1].role
+
     def echo_text(self) -> str:
-        """What `echo` puts before the generated text: the last message's content when it is
-        the assistant's, the role of the reply (vLLM)."""
+        """What `echo` puts before the generated text: the last message's content when it has
+        the reply's role (vLLM)."""
         last = self.messages[-1]
-        return last.text() if self.echo and last.role == "assistant" else ""
+        return last.text() if self.echo and last.role == self.reply_role() else ""
 
     def to_generation_params(self, default_max_tokens: int | None) -> list[TritonRequest]:
         """The model's inputs, one per choice: the user's value, else the server's default,
@@ -251,7 +257,7 @@ class ChatCompletionLogProbs(BaseModel):
 
 
 class ChatResponseMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
+    role: str = Field(default="assistant", json_schema_extra={"enum": ROLE_ENUM})
     content: str
 
 
@@ -272,7 +278,7 @@ class ChatCompletionResponse(BaseModel):
 
 
 class DeltaMessage(BaseModel):
-    role: Literal["assistant"] | None = None
+    role: str | None = Field(default=None, json_schema_extra={"enum": ROLE_ENUM})
     content: str | None = None
 
 

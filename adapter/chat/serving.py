@@ -107,12 +107,14 @@ class OpenAIServingChat(OpenAIServing):
         request_id: str,
         model_name: str,
     ) -> ChatCompletionResponse:
-        """Each choice's responses joined into one assistant message (after the echo)."""
-        echo = request.echo_text()
+        """Each choice's responses joined into one message of the reply's role (after the echo)."""
+        echo, role = request.echo_text(), request.reply_role()
         choices = [
             ChatCompletionResponseChoice(
                 index=index,
-                message=ChatResponseMessage(content=echo + "".join(o.text for o in choice_outputs)),
+                message=ChatResponseMessage(
+                    role=role, content=echo + "".join(o.text for o in choice_outputs)
+                ),
                 logprobs=builder.build(choice_outputs),
                 finish_reason=choice_outputs[-1].finish_reason,
             )
@@ -166,7 +168,7 @@ class OpenAIServingChat(OpenAIServing):
             options=request.stream_options,
             n=request.n or 1,
             lead=[
-                *lead(DeltaMessage(role="assistant", content="")),
+                *lead(DeltaMessage(role=request.reply_role(), content="")),
                 *(lead(DeltaMessage(content=echo)) if echo else []),
             ],
         )

@@ -268,6 +268,23 @@ def test_echo_streams_the_prefix_after_the_role(engine: FakeEngine, client: Test
     ]
 
 
+def test_a_reply_that_continues_the_last_message_takes_its_role(
+    engine: FakeEngine, client: TestClient
+) -> None:
+    """Without a generation prompt the model continues the last message, so the reply has its
+    role and `echo` repeats it, whoever wrote it (vLLM's `get_chat_request_role`)."""
+    engine.script = EXPLICIT_SCRIPT
+    body = {"model": "tiny", "messages": MESSAGES, "echo": True, "add_generation_prompt": False}
+    message = client.post(URL, json=body).json()["choices"][0]["message"]
+    assert message == {"role": "user", "content": "Hiyes."}
+    events = stream(client, messages=MESSAGES, echo=True, add_generation_prompt=False)
+    deltas = [e["choices"][0]["delta"] for e in events[:-1]]
+    assert deltas[:2] == [{"role": "user", "content": ""}, {"content": "Hi"}]
+    body["add_generation_prompt"] = None  # the default: a new assistant message
+    message = client.post(URL, json=body).json()["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": "yes."}
+
+
 def test_continuous_usage_starts_with_the_prompt_on_the_lead_chunks(
     engine: FakeEngine, client: TestClient
 ) -> None:

@@ -1,4 +1,4 @@
-"""What a model folder must hold to be served: a model config and a real tokenizer."""
+"""What a model folder must hold to be served: a causal LM's config and a real tokenizer."""
 
 from __future__ import annotations
 
@@ -28,4 +28,20 @@ def check_model_folder(model_path: str | Path) -> None:
         raise ValueError(f"{path} is not a folder")
     if not (path / "config.json").is_file():
         raise ValueError(f"{path} has no config.json: not a Hugging Face model folder")
+    _check_causal_lm(path)
     load_tokenizer(path)
+
+
+def _check_causal_lm(path: Path) -> None:
+    """The engine loads the model with `AutoModelForCausalLM`: an encoder-decoder (T5) or an
+    encoder (BERT without its LM head) would fail there, after tritonserver started, or
+    earlier on a config without a context length, with advice that cannot help."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = AutoConfig.from_pretrained(path).model_type
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ValueError(
+            f"{path} holds a {model_type!r} model, which has no causal-LM head in transformers "
+            "(AutoModelForCausalLM): only decoder-only text generators are served"
+        )

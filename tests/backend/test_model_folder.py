@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from transformers import Qwen2Config
+from transformers import Qwen2Config, T5Config
 
 from backend import launcher
 from backend.model_folder import check_model_folder
@@ -23,6 +23,13 @@ def _without_tokenizer(model_dir: Path, out: Path) -> Path:
     return path
 
 
+def _encoder_decoder(model_dir: Path, out: Path) -> Path:
+    """A T5 folder (config and tokenizer: the check reads no weights)."""
+    shutil.copytree(model_dir, out, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    T5Config(vocab_size=1024, d_model=64, num_layers=1, num_heads=2).save_pretrained(out)
+    return out
+
+
 def test_a_model_folder_passes(model_dir: Path) -> None:
     check_model_folder(model_dir)
 
@@ -34,6 +41,7 @@ def test_a_model_folder_passes(model_dir: Path) -> None:
         (lambda tmp, model_dir: shutil.copy(model_dir / "config.json", tmp), "is not a folder"),
         (lambda tmp, model_dir: tmp, "has no config.json"),
         (lambda tmp, model_dir: _without_tokenizer(model_dir, tmp / "m"), "has no tokenizer"),
+        (lambda tmp, model_dir: _encoder_decoder(model_dir, tmp / "t5"), "'t5' model, which"),
     ],
 )
 def test_what_is_no_model_folder_stops_the_launcher_before_tritonserver(

@@ -57,7 +57,7 @@ class OpenAIServingGenerativeScoring(OpenAIServing):
                     request.query, request.add_special_tokens, f"{request_id}-query", "query"
                 ),
                 *(
-                    self._ids(item, False, f"{request_id}-item-{i}", "items")  # type: ignore[arg-type]  # pydantic gives each item as str or list[int]
+                    self._ids(item, False, f"{request_id}-item-{i}", f"items[{i}]")  # type: ignore[arg-type]  # pydantic gives each item as str or list[int]
                     for i, item in enumerate(request.items)
                 ),
             ]
@@ -75,7 +75,11 @@ class OpenAIServingGenerativeScoring(OpenAIServing):
             for item in items
         ]
         fields = {**self.tensor_params, contract.LOGPROB_TOKEN_IDS: label_param}
-        outputs = await self.collect_all(choices, request_id, fields)
+        # An item's own fault (its prompt too long, an id outside the vocabulary) names it.
+        outputs = await gather_all(
+            self.collect(params, f"{request_id}-{i}", {**fields, contract.INPUT_IDS: f"items[{i}]"})
+            for i, params in enumerate(choices)
+        )
         data = []
         for index, item_outputs in enumerate(outputs):
             rows = item_outputs[0].requested_logprobs

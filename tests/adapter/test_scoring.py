@@ -157,6 +157,15 @@ def test_the_query_s_faults_name_the_query(engine: FakeEngine, client: TestClien
         assert response.json()["error"]["message"].startswith(message)
 
 
+def test_an_item_s_fault_names_the_item(engine: FakeEngine, client: TestClient) -> None:
+    """The model's error about one item's prompt says which item, as `items[i]`."""
+    too_long = TritonInputError(contract.INPUT_IDS, "the prompt has 70 tokens")
+    engine.respond = lambda p: [too_long] if p.prompt_ids == (5, 6, 8, 9) else scored(p)
+    body = {"query": "Q", "items": ["a", "bc"], "label_token_ids": [20]}
+    error = client.post(URL, json=body).json()["error"]
+    assert (error["param"], error["message"]) == ("items[1]", "items[1]: the prompt has 70 tokens")
+
+
 def test_more_items_than_the_engine_holds_are_400(engine: FakeEngine, client: TestClient) -> None:
     """A "server busy" 503 would come back on every retry."""
     engine.info = replace(engine.info, max_num_seqs=1, max_queue_size=1)

@@ -181,8 +181,8 @@ CASES = [
     ),
     (
         "/generative_scoring",
-        {"query": "a", "items": [TOO_LONG_TEXT], "label_token_ids": [1]},
-        "items",
+        {"query": "a", "items": ["b", TOO_LONG_TEXT], "label_token_ids": [1]},
+        "items[1]",
         "this model's maximum context length is 256 tokens",
     ),
     (

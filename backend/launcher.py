@@ -3,10 +3,10 @@ the OpenAI adapter in front of it.
 
 Waits until both are ready, logs where they listen, restarts either when it faults (a dead
 engine process included; `backend.supervisor`), and on Ctrl-C / SIGTERM stops the adapter, then
-tritonserver and its backend stubs. They die with the launcher even if it is killed
-(`backend.guardian`). `--model-path` serves any Hugging Face causal-LM folder
-instead of the default model; `--tritonserver` runs a system binary (a Triton container), not
-the bundled one; `--adapter-port 0` serves Triton alone.
+tritonserver and its backend stubs; a second Ctrl-C / SIGTERM kills them at once. They die with
+the launcher even if it is killed (`backend.guardian`). `--model-path` serves any Hugging Face
+causal-LM folder instead of the default model; `--tritonserver` runs a system binary (a Triton
+container), not the bundled one; `--adapter-port 0` serves Triton alone.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import FrameType
 
 from backend import adapter_server, default_model
 from backend.adapter_server import AdapterServer
@@ -149,12 +151,31 @@ def build_adapter(args: argparse.Namespace, server: TritonServer) -> AdapterServ
     )
 
 
+def stop_signal_handler(
+    stop: threading.Event, processes: Sequence[ChildProcess]
+) -> Callable[[int, FrameType | None], None]:
+    """SIGINT / SIGTERM: the first stops the children in order, the adapter after its drain;
+    a second one (Ctrl-C again) kills them all at once, open streams included."""
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            logger.warning(
+                "%s again: killing %d processes now", signal.strsignal(signum), len(processes)
+            )
+            for process in processes:
+                process.kill()
+        stop.set()
+
+    return handle
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = parse_args(argv)
     stop = threading.Event()
+    processes: list[ChildProcess] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, stop_signal_handler(stop, processes))
     started = time.monotonic()
     server = build_server(args)
     adapter = build_adapter(args, server)
@@ -171,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         if adapter is not None:
             logger.info("OpenAI API: %s", adapter.base_url)
 
-    processes: list[ChildProcess] = [server] if adapter is None else [server, adapter]
+    processes += [server] if adapter is None else [server, adapter]
     policy = RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window_s)
     try:
         return Supervisor(processes, stop, args.ready_timeout, policy).run(announce)

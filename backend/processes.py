@@ -174,7 +174,7 @@ class ChildProcess:
         waits its exit timeout)."""
         if timeout_s is None:
             timeout_s = self.stop_timeout_s
-        process, self._process = self._process, None
+        process = self._process  # kept until reaped: `kill` may be called while this waits
         if process is not None:
             if process.poll() is None and timeout_s > 0:
                 process.send_signal(self.stop_signal)
@@ -185,10 +185,20 @@ class ChildProcess:
             with contextlib.suppress(ProcessLookupError):  # anything that outlived it
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+            self._process = None
             self.stopped()
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    def kill(self) -> None:
+        """SIGKILL to the process group now, also while `stop` waits for it to exit (which then
+        returns): a second stop signal to the launcher. Not once the process is reaped, when
+        its id could be another process's."""
+        process = self._process
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
 
     def became_ready(self) -> None:
         """Once `ready_url` answers: subclasses note what the ready process runs."""

@@ -5,14 +5,16 @@ priority")."""
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from backend.adapter_server import AdapterServer
-from backend.launcher import build_adapter, parse_args
+from backend.launcher import build_adapter, parse_args, stop_signal_handler
 from backend.processes import ChildProcess, free_port, free_ports
 from tests.integration.openai_support import wait_for
 
@@ -99,3 +101,44 @@ def test_start_ready_stops_a_child_that_never_became_ready(tmp_path: Path) -> No
     with pytest.raises(RuntimeError, match="exited with 3"):
         child.start_ready()
     assert child.pid is None and not child.running
+
+
+class IgnoresStop(ChildProcess):
+    """Outlives SIGTERM, as a server draining long streams would; notes each one it gets."""
+
+    stop_timeout_s = 600.0
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__()
+        folder.mkdir()
+        self.ready, self.signalled = folder / "ready", folder / "signalled"
+
+    def command(self) -> list[str]:
+        script = f"trap 'touch {self.signalled}' TERM; touch {self.ready}; "
+        return ["sh", "-c", script + "while :; do sleep 600 & wait; done"]
+
+    def is_ready(self) -> bool:
+        return self.ready.exists()
+
+
+def test_a_second_stop_signal_kills_the_children_at_once(tmp_path: Path) -> None:
+    """The first signal stops them in order (here: waits for a child that ignores it); the
+    second kills every child, and the wait for the first ends."""
+    children = [IgnoresStop(tmp_path / "a"), IgnoresStop(tmp_path / "b")]
+    stopping = threading.Thread(target=lambda: [child.stop() for child in children], daemon=True)
+    try:
+        for child in children:
+            child.start_ready()
+        stop = threading.Event()
+        handle = stop_signal_handler(stop, children)
+        handle(signal.SIGTERM, None)
+        assert stop.is_set() and all(child.running for child in children)
+        stopping.start()
+        assert wait_for(children[0].signalled.exists)  # `stop` now waits for it to exit
+        handle(signal.SIGINT, None)
+        stopping.join(timeout=120)  # a hang guard: the kill ends the stop in milliseconds
+        assert not stopping.is_alive()
+        assert [child.pid for child in children] == [None, None]
+    finally:  # a failure leaves no child behind
+        for child in children:
+            child.kill()

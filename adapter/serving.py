@@ -251,6 +251,18 @@ class OpenAIServing:
                 value=count,
             )
 
+    @staticmethod
+    def check_prompt_length(tokens: int, info: ModelInfo, parameter: str, prompt: str) -> None:
+        """A prompt of `tokens` that leaves no room for a token to generate: `llm`'s error,
+        given before any model request starts (`prompt` names it in the message)."""
+        limit = info.max_model_len
+        if limit is not None and tokens >= limit:
+            raise InvalidRequestError(
+                f"{parameter}: {prompt} has {tokens} tokens, this model's maximum context length "
+                f"is {limit} tokens: at most {limit - 1} leave room for a token to generate.",
+                parameter=parameter,
+            )
+
     @contextmanager
     def field_errors(self, fields: Mapping[str, str] | None = None) -> Iterator[None]:
         """Input the model rejects becomes a 400 naming the request field behind the tensor."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from adapter.completions.protocol import (
@@ -17,6 +17,7 @@ from adapter.completions.protocol import (
     CompletionStreamResponse,
 )
 from adapter.context import current_request_id
+from adapter.engine_client import ModelInfo
 from adapter.errors import EngineError
 from adapter.logprobs import (
     LogprobsCollector,
@@ -26,7 +27,7 @@ from adapter.logprobs import (
     token_text,
 )
 from adapter.protocol import UsageInfo
-from adapter.serving import SAMPLING_TENSOR_PARAMS, JSONBody, OpenAIServing
+from adapter.serving import SAMPLING_TENSOR_PARAMS, JSONBody, OpenAIServing, gather_all
 from adapter.tensors import TritonOutput, TritonRequest
 from backend import contract
 
@@ -158,6 +159,8 @@ class OpenAIServingCompletion(OpenAIServing):
         batch = len(choices) > (request.n or 1)
         self.check_request_count(info, len(choices), "prompt" if batch else "n")
         request_id = f"cmpl-{current_request_id()}"
+        if batch:
+            choices = await self._tokenized(choices, info, request_id)
         fields = self.request_fields(request.structured_output_parameter)
         builders = [CompletionChoiceBuilder(request, params) for params in choices]
         if request.stream:
@@ -172,6 +175,27 @@ class OpenAIServingCompletion(OpenAIServing):
             ),
             outputs,
         )
+
+    async def _tokenized(
+        self, choices: Sequence[TritonRequest], info: ModelInfo, request_id: str
+    ) -> list[TritonRequest]:
+        """Several prompts: each one's ids, checked against the context before any of them
+        runs, so that one too long refuses the request before the others generate (vLLM checks
+        every prompt first). A text prompt keeps its text, for `echo`."""
+        texts = {c.text: c for c in choices if c.needs_tokenizing and c.text is not None}
+        tokenized = await gather_all(
+            self.tokenize(params, f"{request_id}-prompt-{i}", self.tensor_params)
+            for i, params in enumerate(texts.values())
+        )
+        ids_of = dict(zip(texts, tokenized, strict=True))
+        checked = []
+        for params in choices:
+            ids = params.prompt_ids if params.text is None else tuple(ids_of[params.text])
+            assert ids is not None  # a prompt is a text or ids (`CompletionRequest.prompts`)
+            self.check_prompt_length(len(ids), info, "prompt", "the prompt")
+            params.check_fits_context(len(ids), info.max_model_len)
+            checked.append(replace(params, prompt_ids=ids))
+        return checked
 
     @staticmethod
     def completion_full_response(

@@ -116,13 +116,7 @@ class OpenAIServingGenerativeScoring(OpenAIServing):
         errors about a prompt name `items`."""
         if not isinstance(given, str):  # its ids against the vocabulary, by `preprocessing`
             await self.token_bytes(ids, f"{request_id}-query-ids", parameter="query")
-        if info.max_model_len is not None and len(ids) >= info.max_model_len:
-            raise InvalidRequestError(
-                f"query: the query has {len(ids)} tokens, this model's maximum context length is "
-                f"{info.max_model_len} tokens: "
-                f"at most {info.max_model_len - 1} leave room for a token to generate.",
-                parameter="query",
-            )
+        self.check_prompt_length(len(ids), info, "query", "the query")
 
     async def _label_tokens(self, labels: Sequence[str], request_id: str) -> list[int]:
         """Each label's token. A label of several tokens is refused: its first token alone

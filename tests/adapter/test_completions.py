@@ -380,6 +380,36 @@ def test_a_batch_of_prompts_with_n_samples(engine: FakeEngine, client: TestClien
     assert response["usage"] == {"prompt_tokens": 6, "completion_tokens": 4, "total_tokens": 10}
 
 
+@pytest.mark.parametrize(
+    ("prompts", "max_tokens", "param", "message"),
+    [
+        (["ab", "x" * 64], 1, "prompt", "prompt: the prompt has 64 tokens, this model's maximum"),
+        ([[1, 2], [7] * 64], 1, "prompt", "prompt: the prompt has 64 tokens, this model's max"),
+        (["ab", "x" * 60], 8, "max_tokens", "`max_tokens` is too large: 8."),
+    ],
+)
+def test_a_batch_with_one_prompt_too_long_starts_none(
+    engine: FakeEngine,
+    client: TestClient,
+    prompts: list[str | list[int]],
+    max_tokens: int,
+    param: str,
+    message: str,
+) -> None:
+    """Every prompt is tokenized and checked before any runs, as vLLM does: the others do not
+    generate only to be cancelled when the long one is refused (the fake's context is 64)."""
+    engine.script = EXPLICIT_SCRIPT
+    body = {"model": "tiny", "prompt": prompts, "max_tokens": max_tokens}
+    error = client.post(URL, json=body).json()["error"]
+    assert error["param"] == param and error["message"].startswith(message)
+    assert engine.requests == []
+    body["prompt"] = ["ab", "x" * 50]
+    response = client.post(URL, json={**body, "echo": True})
+    assert [c["text"] for c in response.json()["choices"]] == ["abaz", "x" * 50 + "az"]
+    sent = [(params.text, params.prompt_ids) for params, _ in engine.requests]
+    assert sorted(sent) == [("ab", (97, 98)), ("x" * 50, (120,) * 50)]
+
+
 def test_n_streams_tag_each_chunk_with_its_choice(engine: FakeEngine, client: TestClient) -> None:
     engine.script = EXPLICIT_SCRIPT
     events = stream(client, n=3, stream_options={"include_usage": True})

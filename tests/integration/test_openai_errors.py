@@ -77,6 +77,12 @@ CASES = [
     ),
     (
         COMPLETIONS,
+        completion(prompt=["hi", TOO_LONG_TEXT]),  # checked in the adapter, before "hi" runs
+        "prompt",
+        "prompt: the prompt has 901 tokens, this model's maximum context length is 256 tokens",
+    ),
+    (
+        COMPLETIONS,
         completion(prompt=[5] * 300, stream=True),
         "prompt",
         "this model's maximum context length is 256 tokens",

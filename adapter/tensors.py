@@ -20,10 +20,11 @@ from backend.structured_output import StructuredOutput
 class TritonRequest:
     """One generation request in the models' terms; `None` / empty leaves the model's default.
 
-    Exactly one prompt field is set. `logprob_token_ids` and `prompt_logprob_token_ids` hold
-    distinct ids: column j of LOGPROB_TOKEN_LOGPROBS (PROMPT_LOGPROB_TOKEN_LOGPROBS) is then id
-    j, with no duplicate columns to skip. Penalties, bias, allowed ids and min tokens change
-    sampling only; the logprobs stay raw.
+    One prompt field is set, or `text` with `prompt_ids` once the adapter has tokenized it
+    (the text stays for `echo`); `prompt_ids` then go to `llm`. `logprob_token_ids` and
+    `prompt_logprob_token_ids` hold distinct ids: column j of LOGPROB_TOKEN_LOGPROBS
+    (PROMPT_LOGPROB_TOKEN_LOGPROBS) is then id j, with no duplicate columns to skip.
+    Penalties, bias, allowed ids and min tokens change sampling only; the logprobs stay raw.
     """
 
     text: str | None = None

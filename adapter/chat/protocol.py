@@ -98,7 +98,7 @@ class ChatCompletionRequest(GenerationRequest):
         default=False, description="Return the logprob of each generated token."
     )
     # At least 1, as vLLM and OpenAI: a reply of no tokens is no reply; 0 only with `echo`,
-    # which then returns the assistant's prefix alone (`_check_request`).
+    # which then returns the continued message's prefix alone (`_check_request`).
     max_completion_tokens: Annotated[int, Field(ge=0)] | None = Field(
         default=None, description="Tokens to generate at most; wins over `max_tokens`."
     )
@@ -136,8 +136,9 @@ class ChatCompletionRequest(GenerationRequest):
     chat_template_kwargs: ChatTemplateKwargs = None
     echo: bool | None = Field(
         default=False,
-        description="vLLM: when the last message is the assistant's, its content is returned "
-        "before the generated text (streamed as the first content delta; no logprobs).",
+        description="vLLM: when the last message has the reply's role (the assistant's, or any "
+        "without a generation prompt), its content is returned before the generated text "
+        "(streamed as the first content delta; no logprobs).",
     )
 
     unsupported: ClassVar[Mapping[str, tuple[Any, ...]]] = {

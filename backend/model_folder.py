@@ -33,15 +33,21 @@ def check_model_folder(model_path: str | Path) -> None:
 
 
 def _check_causal_lm(path: Path) -> None:
-    """The engine loads the model with `AutoModelForCausalLM`: an encoder-decoder (T5) or an
-    encoder (BERT without its LM head) would fail there, after tritonserver started, or
-    earlier on a config without a context length, with advice that cannot help."""
+    """The engine loads the model with `AutoModelForCausalLM`. A model type without such a
+    class (T5) would fail there, after tritonserver started, or earlier on a config without a
+    context length, with advice that cannot help; an encoder-decoder that has one (BART,
+    Whisper) would load its decoder alone, without the encoder its outputs depend on."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    model_type = AutoConfig.from_pretrained(path).model_type
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    config = AutoConfig.from_pretrained(path)
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise ValueError(
-            f"{path} holds a {model_type!r} model, which has no causal-LM head in transformers "
-            "(AutoModelForCausalLM): only decoder-only text generators are served"
+            f"{path} holds a {config.model_type!r} model, which has no causal-LM class in "
+            "transformers (AutoModelForCausalLM): only decoder-only text generators are served"
+        )
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"{path} holds a {config.model_type!r} model, an encoder-decoder: only "
+            "decoder-only text generators are served"
         )

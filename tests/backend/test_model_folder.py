@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from transformers import Qwen2Config, T5Config
+from transformers import BartConfig, PretrainedConfig, Qwen2Config, T5Config
 
 from backend import launcher
 from backend.model_folder import check_model_folder
@@ -23,10 +23,10 @@ def _without_tokenizer(model_dir: Path, out: Path) -> Path:
     return path
 
 
-def _encoder_decoder(model_dir: Path, out: Path) -> Path:
-    """A T5 folder (config and tokenizer: the check reads no weights)."""
+def _with_config(model_dir: Path, out: Path, config: PretrainedConfig) -> Path:
+    """A folder of `config` and the model's tokenizer: the check reads no weights."""
     shutil.copytree(model_dir, out, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
-    T5Config(vocab_size=1024, d_model=64, num_layers=1, num_heads=2).save_pretrained(out)
+    config.save_pretrained(out)
     return out
 
 
@@ -41,7 +41,14 @@ def test_a_model_folder_passes(model_dir: Path) -> None:
         (lambda tmp, model_dir: shutil.copy(model_dir / "config.json", tmp), "is not a folder"),
         (lambda tmp, model_dir: tmp, "has no config.json"),
         (lambda tmp, model_dir: _without_tokenizer(model_dir, tmp / "m"), "has no tokenizer"),
-        (lambda tmp, model_dir: _encoder_decoder(model_dir, tmp / "t5"), "'t5' model, which"),
+        (
+            lambda tmp, model_dir: _with_config(model_dir, tmp / "t5", T5Config(num_layers=1)),
+            "'t5' model, which has no causal-LM class",
+        ),
+        (  # transformers has BartForCausalLM: the decoder alone
+            lambda tmp, model_dir: _with_config(model_dir, tmp / "bart", BartConfig()),
+            "'bart' model, an encoder-decoder",
+        ),
     ],
 )
 def test_what_is_no_model_folder_stops_the_launcher_before_tritonserver(

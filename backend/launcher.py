@@ -3,7 +3,7 @@ the OpenAI adapter in front of it.
 
 Waits until both are ready, logs where they listen, restarts either when it faults (a dead
 engine process included; `backend.supervisor`), and on Ctrl-C / SIGTERM stops the adapter, then
-tritonserver and its backend stubs; a second Ctrl-C / SIGTERM kills them at once. They die with
+tritonserver and its backend stubs; a second Ctrl-C kills them at once. They die with
 the launcher even if it is killed (`backend.guardian`). `--model-path` serves any Hugging Face
 causal-LM folder instead of the default model; `--tritonserver` runs a system binary (a Triton
 container), not the bundled one; `--adapter-port 0` serves Triton alone.
@@ -155,13 +155,15 @@ def stop_signal_handler(
     stop: threading.Event, processes: Sequence[ChildProcess]
 ) -> Callable[[int, FrameType | None], None]:
     """SIGINT / SIGTERM: the first stops the children in order, the adapter after its drain;
-    a second one (Ctrl-C again) kills them all at once, open streams included."""
+    Ctrl-C (SIGINT) after it kills them all at once, open streams included, or before any
+    started ends the launcher there. A SIGTERM after it changes nothing, as in uvicorn: `make`
+    and `timeout` pass a SIGTERM to the group on to their child, which then gets two."""
 
     def handle(signum: int, frame: FrameType | None) -> None:
-        if stop.is_set():
-            logger.warning(
-                "%s again: killing %d processes now", signal.strsignal(signum), len(processes)
-            )
+        if stop.is_set() and signum == signal.SIGINT:
+            if not processes:
+                raise KeyboardInterrupt
+            logger.warning("Ctrl-C again: killing %d processes now", len(processes))
             for process in processes:
                 process.kill()
         stop.set()
@@ -177,7 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop_signal_handler(stop, processes))
     started = time.monotonic()
-    server = build_server(args)
+    try:
+        server = build_server(args)  # building the default model takes a while
+    except KeyboardInterrupt:
+        return 130
+    if stop.is_set():  # stopped meanwhile: start nothing only to stop it
+        return 0
     adapter = build_adapter(args, server)
 
     def announce() -> None:

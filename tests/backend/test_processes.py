@@ -5,6 +5,7 @@ priority")."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import sys
@@ -106,7 +107,7 @@ def test_start_ready_stops_a_child_that_never_became_ready(tmp_path: Path) -> No
 class IgnoresStop(ChildProcess):
     """Outlives SIGTERM, as a server draining long streams would; notes each one it gets."""
 
-    stop_timeout_s = 600.0
+    stop_timeout_s = 120.0  # a hang guard: a kill ends the wait in milliseconds
 
     def __init__(self, folder: Path) -> None:
         super().__init__()
@@ -121,24 +122,39 @@ class IgnoresStop(ChildProcess):
         return self.ready.exists()
 
 
-def test_a_second_stop_signal_kills_the_children_at_once(tmp_path: Path) -> None:
-    """The first signal stops them in order (here: waits for a child that ignores it); the
-    second kills every child, and the wait for the first ends."""
+def test_ctrl_c_after_a_stop_signal_kills_the_children_at_once(tmp_path: Path) -> None:
+    """The first signal stops the children in order (here: `stop` waits for a child that
+    outlives SIGTERM); a second SIGTERM changes nothing (`make` passes a group's SIGTERM on
+    to its child); Ctrl-C then kills every child, and the main thread's wait ends."""
     children = [IgnoresStop(tmp_path / "a"), IgnoresStop(tmp_path / "b")]
-    stopping = threading.Thread(target=lambda: [child.stop() for child in children], daemon=True)
+    stop = threading.Event()
+    handle = stop_signal_handler(stop, children)
+    previous = signal.signal(signal.SIGINT, handle)
     try:
         for child in children:
             child.start_ready()
-        stop = threading.Event()
-        handle = stop_signal_handler(stop, children)
+        handle(signal.SIGTERM, None)
         handle(signal.SIGTERM, None)
         assert stop.is_set() and all(child.running for child in children)
-        stopping.start()
-        assert wait_for(children[0].signalled.exists)  # `stop` now waits for it to exit
-        handle(signal.SIGINT, None)
-        stopping.join(timeout=120)  # a hang guard: the kill ends the stop in milliseconds
-        assert not stopping.is_alive()
+
+        def ctrl_c_once_stopping() -> None:
+            assert wait_for(children[0].signalled.exists)  # `stop` waits for it to exit
+            os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=ctrl_c_once_stopping, daemon=True).start()
+        for child in children:  # in the main thread, where the handler runs, as in `main`
+            child.stop()
         assert [child.pid for child in children] == [None, None]
+        # Alive until `stop`'s SIGTERM: the second SIGTERM above had not killed it.
+        assert children[0].signalled.exists() and not children[1].signalled.exists()
     finally:  # a failure leaves no child behind
+        signal.signal(signal.SIGINT, previous)
         for child in children:
             child.kill()
+
+
+def test_ctrl_c_twice_before_any_child_started_ends_the_launcher() -> None:
+    handle = stop_signal_handler(threading.Event(), [])
+    handle(signal.SIGINT, None)
+    with pytest.raises(KeyboardInterrupt):
+        handle(signal.SIGINT, None)

@@ -160,7 +160,7 @@ class OpenAIServingCompletion(OpenAIServing):
         self.check_request_count(info, len(choices), "prompt" if batch else "n")
         request_id = f"cmpl-{current_request_id()}"
         if batch:
-            choices = await self._tokenized(choices, info, request_id)
+            choices = await self._tokenized(choices, request.n or 1, info, request_id)
         fields = self.request_fields(request.structured_output_parameter)
         builders = [CompletionChoiceBuilder(request, params) for params in choices]
         if request.stream:
@@ -177,11 +177,12 @@ class OpenAIServingCompletion(OpenAIServing):
         )
 
     async def _tokenized(
-        self, choices: Sequence[TritonRequest], info: ModelInfo, request_id: str
+        self, choices: Sequence[TritonRequest], n: int, info: ModelInfo, request_id: str
     ) -> list[TritonRequest]:
-        """Several prompts: each one's ids, checked against the context before any of them
-        runs, so that one too long refuses the request before the others generate (vLLM checks
-        every prompt first). A text prompt keeps its text, for `echo`."""
+        """Several prompts (`n` choices each): each one's ids, checked against the context
+        before any of them runs, so that one too long refuses the request, naming its index,
+        before the others generate (vLLM checks every prompt first). A text prompt keeps its
+        text, for `echo`."""
         texts = {c.text: c for c in choices if c.needs_tokenizing and c.text is not None}
         tokenized = await gather_all(
             self.tokenize(params, f"{request_id}-prompt-{i}", self.tensor_params)
@@ -189,10 +190,10 @@ class OpenAIServingCompletion(OpenAIServing):
         )
         ids_of = dict(zip(texts, tokenized, strict=True))
         checked = []
-        for params in choices:
+        for index, params in enumerate(choices):
             ids = params.prompt_ids if params.text is None else tuple(ids_of[params.text])
             assert ids is not None  # a prompt is a text or ids (`CompletionRequest.prompts`)
-            self.check_prompt_length(len(ids), info, "prompt", "the prompt")
+            self.check_prompt_length(len(ids), info, "prompt", f"the prompt at index {index // n}")
             params.check_fits_context(len(ids), info.max_model_len)
             checked.append(replace(params, prompt_ids=ids))
         return checked

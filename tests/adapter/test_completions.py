@@ -380,11 +380,15 @@ def test_a_batch_of_prompts_with_n_samples(engine: FakeEngine, client: TestClien
     assert response["usage"] == {"prompt_tokens": 6, "completion_tokens": 4, "total_tokens": 10}
 
 
+TOO_LONG_AT_1 = "prompt: the prompt at index 1 has 64 tokens, this model's maximum context"
+
+
+@pytest.mark.parametrize("streamed", [False, True])
 @pytest.mark.parametrize(
     ("prompts", "max_tokens", "param", "message"),
     [
-        (["ab", "x" * 64], 1, "prompt", "prompt: the prompt has 64 tokens, this model's maximum"),
-        ([[1, 2], [7] * 64], 1, "prompt", "prompt: the prompt has 64 tokens, this model's max"),
+        (["ab", "x" * 64, "ab"], 1, "prompt", TOO_LONG_AT_1),
+        ([[1, 2], [7] * 64], 1, "prompt", TOO_LONG_AT_1),
         (["ab", "x" * 60], 8, "max_tokens", "`max_tokens` is too large: 8."),
     ],
 )
@@ -395,19 +399,22 @@ def test_a_batch_with_one_prompt_too_long_starts_none(
     max_tokens: int,
     param: str,
     message: str,
+    streamed: bool,
 ) -> None:
     """Every prompt is tokenized and checked before any runs, as vLLM does: the others do not
     generate only to be cancelled when the long one is refused (the fake's context is 64)."""
     engine.script = EXPLICIT_SCRIPT
-    body = {"model": "tiny", "prompt": prompts, "max_tokens": max_tokens}
-    error = client.post(URL, json=body).json()["error"]
+    body = {"model": "tiny", "prompt": prompts, "max_tokens": max_tokens, "n": 2}
+    error = client.post(URL, json={**body, "stream": streamed}).json()["error"]
     assert error["param"] == param and error["message"].startswith(message)
     assert engine.requests == []
+    assert len(engine.tokenized) == len({p for p in prompts if isinstance(p, str)})  # once each
     body["prompt"] = ["ab", "x" * 50]
     response = client.post(URL, json={**body, "echo": True})
-    assert [c["text"] for c in response.json()["choices"]] == ["abaz", "x" * 50 + "az"]
+    texts = [c["text"] for c in response.json()["choices"]]
+    assert texts == ["abaz", "abaz", "x" * 50 + "az", "x" * 50 + "az"]
     sent = [(params.text, params.prompt_ids) for params, _ in engine.requests]
-    assert sorted(sent) == [("ab", (97, 98)), ("x" * 50, (120,) * 50)]
+    assert sorted(sent) == [("ab", (97, 98))] * 2 + [("x" * 50, (120,) * 50)] * 2
 
 
 def test_n_streams_tag_each_chunk_with_its_choice(engine: FakeEngine, client: TestClient) -> None:

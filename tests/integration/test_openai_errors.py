@@ -79,7 +79,7 @@ CASES = [
         COMPLETIONS,
         completion(prompt=["hi", TOO_LONG_TEXT]),  # checked in the adapter, before "hi" runs
         "prompt",
-        "prompt: the prompt has 901 tokens, this model's maximum context length is 256 tokens",
+        "prompt: the prompt at index 1 has 901 tokens, this model's maximum context length is 256",
     ),
     (
         COMPLETIONS,

@@ -193,8 +193,8 @@ class ChildProcess:
 
     def kill(self) -> None:
         """SIGKILL to the process group now, also while `stop` waits for it to exit (which then
-        returns): a second stop signal to the launcher. Not once the process is reaped, when
-        its id could be another process's."""
+        returns): Ctrl-C after a stop signal to the launcher. Not once the process is reaped,
+        when its id could be another process's."""
         process = self._process
         if process is not None and process.returncode is None:
             with contextlib.suppress(ProcessLookupError):

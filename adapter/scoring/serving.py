@@ -113,7 +113,7 @@ class OpenAIServingGenerativeScoring(OpenAIServing):
         self, given: str | list[int], ids: list[int], info: ModelInfo, request_id: str
     ) -> None:
         """The query's own faults, named `query`: every item's prompt holds it, and the model's
-        errors about a prompt name `items`."""
+        errors about a prompt name the item (`items[i]`)."""
         if not isinstance(given, str):  # its ids against the vocabulary, by `preprocessing`
             await self.token_bytes(ids, f"{request_id}-query-ids", parameter="query")
         self.check_prompt_length(len(ids), info, "query", "the query")

@@ -7,7 +7,7 @@ LENGTH = "length"
 
 
 class StopStringMatcher:
-    """Cuts the text stream at the first stop string, which is emitted only with `include_stop`.
+    """Cuts the text stream at the first stop string to end, emitted only with `include_stop`.
 
     The last `len(longest stop) - 1` characters are held back, because a stop string may begin
     in them and end in a later delta; any stop string that starts in emitted text has therefore
@@ -30,13 +30,15 @@ class StopStringMatcher:
             return text, False
         new_from = len(self._buffer)
         self._buffer += text
+        # The one that ends first wins, ties in list order, as if the text came a character at
+        # a time (vLLM's `check_stop_strings`).
         hits = [
-            (i, i + len(s))
-            for s in self._stops
+            (i + len(s), order, i)
+            for order, s in enumerate(self._stops)
             if search and (i := self._buffer.find(s, max(0, new_from - len(s) + 1))) >= 0
         ]
         if hits:
-            start, end = min(hits)
+            end, _, start = min(hits)
             emit, self._buffer = self._buffer[: end if self._include else start], ""
             return emit, True
         cut = max(len(self._buffer) - self._hold, 0)

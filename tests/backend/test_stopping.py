@@ -47,8 +47,22 @@ def test_several_stops_cut_at_the_earliest(stops: list[str]) -> None:
     assert StopStringMatcher(stops).push("hello world") == ("hel", True)
 
 
-def test_a_longer_stop_starting_earlier_wins_over_a_shorter_one_inside_it() -> None:
-    assert StopStringMatcher(["b", "abc"]).push("xxabc") == ("xx", True)
+@pytest.mark.parametrize(
+    ("stops", "text", "cut", "included"),
+    [
+        (["abc", "b"], "xxabc", "xxa", "xxab"),  # a shorter one inside a longer one
+        (["toke", "ok"], "y toke", "y t", "y tok"),
+        (["y to", " t"], "y to", "y", "y t"),
+        (["ab", "b"], "xab", "x", "xab"),  # both end together: the first listed
+    ],
+)
+def test_of_stops_ending_in_one_delta_the_one_that_ends_first_wins(
+    stops: list[str], text: str, cut: str, included: str
+) -> None:
+    """As if the text came a character at a time, whatever the tokens (vLLM's
+    `check_stop_strings`); it used to be the one that starts first."""
+    assert StopStringMatcher(stops).push(text) == (cut, True)
+    assert StopStringMatcher(stops, include_stop=True).push(text) == (included, True)
 
 
 def test_held_text_that_turns_out_not_to_stop_is_released() -> None:

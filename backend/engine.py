@@ -464,12 +464,16 @@ class Engine:
                 return
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         stop_ids = frozenset(params.stop_token_ids)
+        # `min_tokens` bans EOS also with `ignore_eos`, as vLLM's MinTokensLogitsProcessor does.
+        banned_early = stop_ids | self.runner.eos_ids
         if not params.ignore_eos:
-            stop_ids |= self.runner.eos_ids
+            stop_ids = banned_early
         seq = _Sequence(
             params=params,
             sink=sink,
-            sampling=RowState(params, self.runner.vocab_size, self.runner.device, seed, stop_ids),
+            sampling=RowState(
+                params, self.runner.vocab_size, self.runner.device, seed, banned_early
+            ),
             detokenizer=IncrementalDetokenizer(self.token_bytes, self._skip_ids),
             stop_matcher=StopStringMatcher(params.stop, params.include_stop_str_in_output),
             stop_ids=stop_ids,
@@ -717,9 +721,10 @@ class Engine:
         piece = "" if hidden else seq.detokenizer.push(token)
         if reason is not None:
             piece += seq.detokenizer.flush()
-        # Stop strings count once the output exceeds min_tokens, as vLLM checks them.
+        # Stop strings count once the output exceeds min_tokens, as vLLM checks them, and not
+        # in a stop token's own text: the token stopped it first (vLLM's detokenizer `update`).
         text, hit_stop_string = seq.stop_matcher.push(
-            piece, search=seq.generated > seq.params.min_tokens
+            piece, search=seq.generated > seq.params.min_tokens and token not in seq.stop_ids
         )
         if hit_stop_string:
             return text, STOP

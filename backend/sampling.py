@@ -61,13 +61,14 @@ class RowState:
         vocab_size: int,
         device: torch.device,
         seed: int,
-        stop_ids: frozenset[int],
+        banned_early: frozenset[int],
     ) -> None:
+        """`banned_early`: the ids banned while fewer than `min_tokens` tokens exist."""
         self.params = params
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         self.generated = 0
-        self._stop_ids = torch.tensor(sorted(stop_ids), dtype=torch.int64, device=device)
+        self._banned_early = torch.tensor(sorted(banned_early), dtype=torch.int64, device=device)
         self.counts: torch.Tensor | None = None
         self.seen: torch.Tensor | None = None
         if params.has_penalties:
@@ -93,15 +94,15 @@ class RowState:
     def bias(self, vocab_size: int) -> torch.Tensor | None:
         """This step's additive bias: logit_bias / allowed ids, and EOS and stop ids banned
         while fewer than `min_tokens` tokens exist."""
-        banning = self.generated < self.params.min_tokens and self._stop_ids.numel() > 0
+        banning = self.generated < self.params.min_tokens and self._banned_early.numel() > 0
         if not banning:
             return self.static_bias
         bias = (
             self.static_bias.clone()
             if self.static_bias is not None
-            else torch.zeros(vocab_size, dtype=torch.float32, device=self._stop_ids.device)
+            else torch.zeros(vocab_size, dtype=torch.float32, device=self._banned_early.device)
         )
-        bias[self._stop_ids] = float("-inf")
+        bias[self._banned_early] = float("-inf")
         return bias
 
 

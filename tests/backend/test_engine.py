@@ -340,3 +340,45 @@ def test_a_request_cancelled_before_it_started_gets_only_the_cancel(
     assert waiting.outputs == [] and waiting.kind == CANCELLED
     assert other.error is None and len(other.token_ids) == 3
     assert (engine.stats.cancelled_requests, engine.stats.generated_tokens) == (1, 3)
+
+
+def test_min_tokens_bans_eos_also_when_eos_is_ignored(
+    engine: Engine, runner: ModelRunner, passage: list[int]
+) -> None:
+    """vLLM's MinTokensLogitsProcessor bans EOS whatever `ignore_eos`: the first `min_tokens`
+    tokens are those of the same request that stops at EOS (the passage's end, where the test
+    model says EOS)."""
+    greedy = GenerationParams(
+        prompt_ids=passage[:-3], max_tokens=12, temperature=0.0, ignore_eos=True
+    )
+    free, held, stopping = run(
+        engine,
+        [greedy, replace(greedy, min_tokens=9), replace(greedy, min_tokens=9, ignore_eos=False)],
+    )
+    first_eos = next(i for i, t in enumerate(free.token_ids) if t in runner.eos_ids)
+    assert first_eos < 8  # unbanned, greedy says EOS within the first 9
+    assert not runner.eos_ids & set(held.token_ids[:9])
+    assert held.token_ids[:9] == stopping.token_ids[:9]
+
+
+def test_a_stop_token_s_text_is_not_searched_for_stop_strings(
+    engine: Engine, passage: list[int], model_dir: Path
+) -> None:
+    """The stop token stopped the request first, so its text is returned whole with
+    include_stop_str_in_output, even where a stop string ends inside it (vLLM)."""
+    greedy = GenerationParams(prompt_ids=passage[:5], max_tokens=8, temperature=0.0)
+    [free] = run(engine, [greedy])
+    stop_id = free.token_ids[3]
+    stop_text = tokenizer(model_dir).decode([stop_id])
+    assert len(stop_text.strip()) >= 2  # a stop string can end inside it, before its end
+    params = replace(
+        greedy,
+        stop_token_ids=[stop_id],
+        stop=[stop_text.strip()[:-1]],
+        include_stop_str_in_output=True,
+    )
+    sink = RecordingSink()
+    engine.submit(params, sink)
+    assert sink.done.wait(WAIT_S)
+    assert sink.token_ids == free.token_ids[:4]
+    assert [out.text for out in sink.outputs] == [out.text for out in free.outputs[:4]]

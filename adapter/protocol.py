@@ -480,6 +480,15 @@ def check_chat_template_flags(
         )
 
 
+StopReason = Annotated[
+    int | str | None,
+    Field(
+        description="vLLM: the stop string or stop token id that ended the choice; null for "
+        "EOS, a completed structured output or the token limit."
+    ),
+]
+"""vLLM's `stop_reason` of a choice (STOP_REASON); in a stream, set on the choice's last chunk."""
+
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 LogitBias = Annotated[float, Field(ge=-100, le=100)]

@@ -103,6 +103,7 @@ class TritonRequest:
             logprobs=self.logprobs,
             token_ids=bool(self.logprob_token_ids),
             prompt_logprobs=self.prompt_logprobs is not None or bool(self.prompt_logprob_token_ids),
+            stop_rules=bool(self.stop or self.stop_token_ids),
         )
 
 
@@ -242,6 +243,8 @@ class TritonOutput(LogprobRows):
     prompt: PromptOutput | None = None
     """On the first response when prompt logprobs were asked for (PROMPT_LOGPROBS or
     PROMPT_LOGPROB_TOKEN_IDS), else None."""
+    stop_reason: str | int | None = None
+    """On the final response: the stop string or stop token id that ended it (STOP_REASON)."""
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray | None], *, final: bool) -> TritonOutput:
@@ -278,6 +281,7 @@ class TritonOutput(LogprobRows):
                 "requested_logprobs": values(requested),
             }
 
+        stop_reason = text(contract.STOP_REASON)  # "" until the final response, then JSON
         prompt_ids = values(contract.PROMPT_IDS)
         prompt = None
         if prompt_ids:
@@ -310,4 +314,5 @@ class TritonOutput(LogprobRows):
             completion_tokens=count(contract.COMPLETION_TOKENS),
             final=final,
             prompt=prompt,
+            stop_reason=json.loads(stop_reason) if stop_reason else None,
         )

@@ -99,6 +99,8 @@ TOP_LOGPROB_TOKEN_BYTES = _tensor("TOP_LOGPROB_TOKEN_BYTES", "STRING", -1, -1)  
 LOGPROB_TOKEN_LOGPROBS = _tensor("LOGPROB_TOKEN_LOGPROBS", "FP32", -1, -1)  # [n, M]
 LOGPROB_TOKEN_BYTES = _tensor("LOGPROB_TOKEN_BYTES", "STRING", -1)  # [M] first, then [0]
 FINISH_REASON = _tensor("FINISH_REASON", "STRING", 1)  # "" until the final response
+# "" until the final response, then JSON: the stop string or stop token id that ended it, or null
+STOP_REASON = _tensor("STOP_REASON", "STRING", 1)
 PROMPT_TOKENS = _tensor("PROMPT_TOKENS", "INT32", 1)
 COMPLETION_TOKENS = _tensor("COMPLETION_TOKENS", "INT32", 1)  # cumulative
 # Prompt logprobs, on the first response when PROMPT_LOGPROBS or PROMPT_LOGPROB_TOKEN_IDS is
@@ -165,6 +167,7 @@ PROMPT_OUTPUTS = (
 )
 LLM_OUTPUTS = (
     *ALWAYS_OUTPUTS,
+    STOP_REASON,
     *SAMPLED_LOGPROB_OUTPUTS,
     *TOP_LOGPROB_OUTPUTS,
     *TOKEN_ID_LOGPROB_OUTPUTS,
@@ -173,15 +176,18 @@ LLM_OUTPUTS = (
 
 
 def requested_outputs(
-    *, logprobs: int | None, token_ids: bool, prompt_logprobs: bool
+    *, logprobs: int | None, token_ids: bool, prompt_logprobs: bool, stop_rules: bool = False
 ) -> tuple[str, ...]:
     """The `llm` outputs a request with these inputs reads, so that the model builds and sends
     nothing else: LOGPROBS (None = absent; 0 = the sampled token's logprob only) asks for the
     sampled group, and for k >= 1 the natural top-k unless explicit ids take its place (a
     client that sends LOGPROB_TOKEN_IDS sends LOGPROBS=0: its alternatives are the ids). Each
     tensor costs a response its fixed cost whatever its size (docs/design.md, "Streaming
-    responses"), so an empty top-k is not asked for."""
+    responses"), so an empty top-k is not asked for, nor STOP_REASON without stop strings or
+    stop ids (`stop_rules`), where it can only be null."""
     names: tuple[str, ...] = ALWAYS_OUTPUTS
+    if stop_rules:
+        names += (STOP_REASON,)
     if logprobs is not None or token_ids:
         names += SAMPLED_LOGPROB_OUTPUTS
     if token_ids:

@@ -115,6 +115,8 @@ class _Sequence:
     last_token: int = -1
     finished: bool = False
     matcher: xgr.GrammarMatcher | None = None
+    stop_reason: str | int | None = None
+    """The stop string or stop token id that ended it (`StepOutput.stop_reason`)."""
 
     def next_logits(self) -> torch.Tensor:
         """The logits the next token is sampled from (set by each decode, None once sampled:
@@ -691,6 +693,11 @@ class Engine:
         seq.sampling.observe(token)
         self.stats.generated_tokens += 1
         reason = self._token_stop_reason(seq, token)
+        # A stop id is the stop reason, but EOS is checked first, as in vLLM's `check_stop`:
+        # its stop reason is null.
+        eos = token in self.runner.eos_ids and not seq.params.ignore_eos
+        if reason == STOP and token in seq.params.stop_token_ids and not eos:
+            seq.stop_reason = token
         if seq.matcher is not None:
             if not seq.matcher.accept_token(token):  # the mask let through what it refuses
                 seq.finished = True
@@ -723,10 +730,11 @@ class Engine:
             piece += seq.detokenizer.flush()
         # Stop strings count once the output exceeds min_tokens, as vLLM checks them, and not
         # in a stop token's own text: the token stopped it first (vLLM's detokenizer `update`).
-        text, hit_stop_string = seq.stop_matcher.push(
+        text, stop_string = seq.stop_matcher.push(
             piece, search=seq.generated > seq.params.min_tokens and token not in seq.stop_ids
         )
-        if hit_stop_string:
+        if stop_string is not None:
+            seq.stop_reason = stop_string
             return text, STOP
         if reason is not None:
             text += seq.stop_matcher.flush()
@@ -764,6 +772,7 @@ class Engine:
             prompt_tokens=len(seq.params.prompt_ids),
             completion_tokens=seq.generated,
             prompt=self._first_response_prompt(seq),
+            stop_reason=seq.stop_reason,
         )
 
     def _first_response_id_bytes(self, seq: _Sequence) -> list[bytes]:
@@ -794,6 +803,7 @@ class Engine:
             prompt_tokens=len(seq.params.prompt_ids),
             completion_tokens=seq.generated,
             prompt=self._first_response_prompt(seq),
+            stop_reason=seq.stop_reason,
         )
 
     def _finish(self, seq: _Sequence, output: StepOutput) -> None:

@@ -60,6 +60,9 @@ class StepOutput:
     """Cumulative: the request's tokens up to this output's last."""
     prompt: PromptLogprobs | None = None
     """On the first response, when prompt logprobs were asked for."""
+    stop_reason: str | int | None = None
+    """With finish_reason "stop": the stop string or stop token id that ended the request, None
+    for EOS or a completed structured output (vLLM's `stop_reason`)."""
 
 
 def merge_outputs(outputs: Sequence[StepOutput]) -> StepOutput:
@@ -82,4 +85,5 @@ def merge_outputs(outputs: Sequence[StepOutput]) -> StepOutput:
         prompt_tokens=last.prompt_tokens,
         completion_tokens=last.completion_tokens,
         prompt=first.prompt,
+        stop_reason=last.stop_reason,
     )

@@ -21,13 +21,13 @@ class StopStringMatcher:
         self._hold = max((len(s) for s in stops), default=1) - 1
         self._buffer = ""
 
-    def push(self, text: str, search: bool = True) -> tuple[str, bool]:
-        """(text that can be emitted now, whether a stop string was found). Only a stop string
+    def push(self, text: str, search: bool = True) -> tuple[str, str | None]:
+        """(text that can be emitted now, the stop string found, if any). Only a stop string
         that ends in `text` counts, as in vLLM, which looks at new text only: with `search`
         false (vLLM's `min_tokens` not yet reached) none is looked for, and one that ended
         there is not found later."""
         if not self._stops:
-            return text, False
+            return text, None
         new_from = len(self._buffer)
         self._buffer += text
         # The one that ends first wins, ties in list order, as if the text came a character at
@@ -38,12 +38,12 @@ class StopStringMatcher:
             if search and (i := self._buffer.find(s, max(0, new_from - len(s) + 1))) >= 0
         ]
         if hits:
-            end, _, start = min(hits)
+            end, order, start = min(hits)
             emit, self._buffer = self._buffer[: end if self._include else start], ""
-            return emit, True
+            return emit, self._stops[order]
         cut = max(len(self._buffer) - self._hold, 0)
         emit, self._buffer = self._buffer[:cut], self._buffer[cut:]
-        return emit, False
+        return emit, None
 
     def flush(self) -> str:
         emit, self._buffer = self._buffer, ""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING
 
@@ -48,6 +49,7 @@ from backend.contract import (
     REPETITION_PENALTY,
     SEED,
     STOP,
+    STOP_REASON,
     STOP_TOKEN_IDS,
     STRUCTURED_OUTPUT,
     TEMPERATURE,
@@ -315,6 +317,7 @@ def output_arrays(
         LOGPROB_TOKEN_LOGPROBS: lambda: _logprob_array(out.token_id_logprobs).reshape(n, m),
         LOGPROB_TOKEN_BYTES: lambda: _bytes_array(out.token_id_bytes, (len(out.token_id_bytes),)),
         FINISH_REASON: lambda: _bytes_array([(out.finish_reason or "").encode()], (1,)),
+        STOP_REASON: lambda: _bytes_array([_stop_reason_json(out)], (1,)),
         PROMPT_TOKENS: lambda: np.asarray([out.prompt_tokens], dtype=np.int32),
         COMPLETION_TOKENS: lambda: np.asarray([out.completion_tokens], dtype=np.int32),
     }
@@ -324,6 +327,11 @@ def output_arrays(
         prompt = _prompt_arrays(out.prompt, params)
         arrays.update((name, array) for name, array in prompt.items() if name in wanted)
     return arrays
+
+
+def _stop_reason_json(out: StepOutput) -> bytes:
+    """STOP_REASON: "" until the final response, then its stop reason as JSON."""
+    return b"" if out.finish_reason is None else json.dumps(out.stop_reason).encode()
 
 
 def _prompt_arrays(

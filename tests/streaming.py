@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import queue
 from dataclasses import dataclass, field
 
@@ -42,6 +43,14 @@ class StreamResult:
     @property
     def finish_reason(self) -> str:
         return self.responses[-1][contract.FINISH_REASON][0].decode()
+
+    @property
+    def stop_reason(self) -> object:
+        """The final response's STOP_REASON, parsed (""s before it)."""
+        assert [r[contract.STOP_REASON][0] for r in self.responses[:-1]] == [b""] * (
+            len(self.responses) - 1
+        )
+        return json.loads(self.responses[-1][contract.STOP_REASON][0])
 
 
 def _is_final(result: grpcclient.InferResult) -> bool:

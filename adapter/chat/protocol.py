@@ -17,6 +17,7 @@ from adapter.protocol import (
     ChatTemplateKwargs,
     GenerationRequest,
     OpenAIBaseModel,
+    StopReason,
     UsageInfo,
     check_chat_template_flags,
     check_logprob_token_ids,
@@ -267,6 +268,7 @@ class ChatCompletionResponseChoice(BaseModel):
     message: ChatResponseMessage
     logprobs: ChatCompletionLogProbs | None = None
     finish_reason: str | None = None
+    stop_reason: StopReason = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -288,6 +290,7 @@ class ChatCompletionResponseStreamChoice(BaseModel):
     delta: DeltaMessage
     logprobs: ChatCompletionLogProbs | None = None
     finish_reason: str | None = None
+    stop_reason: StopReason = None
 
 
 class ChatCompletionStreamResponse(BaseModel):

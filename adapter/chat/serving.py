@@ -117,6 +117,7 @@ class OpenAIServingChat(OpenAIServing):
                 ),
                 logprobs=builder.build(choice_outputs),
                 finish_reason=choice_outputs[-1].finish_reason,
+                stop_reason=choice_outputs[-1].stop_reason,
             )
             for index, (builder, choice_outputs) in enumerate(zip(builders, outputs, strict=True))
         ]
@@ -151,12 +152,15 @@ class OpenAIServingChat(OpenAIServing):
                 return None
             # A final response without tokens closes the message with an empty delta.
             has_content = bool(output.text or output.output_ids)
-            return ChatCompletionResponseStreamChoice(
+            choice = ChatCompletionResponseStreamChoice(
                 index=index,
                 delta=DeltaMessage(content=output.text) if has_content else DeltaMessage(),
                 logprobs=builders[index].build([output]),
                 finish_reason=output.finish_reason if output.final else None,
             )
+            if output.final:  # set, so that the chunk carries it (`sse_event`)
+                choice.stop_reason = output.stop_reason
+            return choice
 
         echo = request.echo_text()
         return self.sse_stream(

@@ -14,6 +14,7 @@ from adapter.protocol import (
     NON_EMPTY_LIST,
     VLLM_UNSUPPORTED,
     GenerationRequest,
+    StopReason,
     UsageInfo,
     check_logprob_token_ids,
     check_min_tokens,
@@ -192,6 +193,7 @@ class CompletionResponseChoice(BaseModel):
     text: str
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
+    stop_reason: StopReason = None
 
 
 class CompletionResponse(BaseModel):
@@ -208,6 +210,7 @@ class CompletionResponseStreamChoice(BaseModel):
     text: str
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
+    stop_reason: StopReason = None
 
 
 class CompletionStreamResponse(BaseModel):

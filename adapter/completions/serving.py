@@ -216,6 +216,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     text=text,
                     logprobs=logprobs,
                     finish_reason=choice_outputs[-1].finish_reason,
+                    stop_reason=choice_outputs[-1].stop_reason,
                 )
             )
         return CompletionResponse(
@@ -240,12 +241,15 @@ class OpenAIServingCompletion(OpenAIServing):
             if not (output.output_ids or output.text or output.final):
                 return None
             text, logprobs = builders[index].build([output])
-            return CompletionResponseStreamChoice(
+            choice = CompletionResponseStreamChoice(
                 index=index,
                 text=text,
                 logprobs=logprobs,
                 finish_reason=output.finish_reason if output.final else None,
             )
+            if output.final:  # set, so that the chunk carries it (`sse_event`)
+                choice.stop_reason = output.stop_reason
+            return choice
 
         return self.sse_stream(
             streams,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ def response_arrays(
     requested: Sequence[Sequence[float]] | None = None,
     requested_bytes: Sequence[bytes] = (),
     finish_reason: str = "",
+    stop_reason: str | int | None = None,
     prompt_tokens: int = 3,
     completion_tokens: int = 0,
     prompt: Sequence[Token] = (),
@@ -65,6 +67,9 @@ def response_arrays(
         contract.LOGPROB_TOKEN_LOGPROBS: np.array(requested or [], np.float32).reshape(n, m),
         contract.LOGPROB_TOKEN_BYTES: np.array(list(requested_bytes), dtype=np.object_),
         contract.FINISH_REASON: np.array([finish_reason.encode()], dtype=np.object_),
+        contract.STOP_REASON: np.array(
+            [json.dumps(stop_reason).encode() if finish_reason else b""], dtype=np.object_
+        ),
         contract.PROMPT_TOKENS: np.array([prompt_tokens], dtype=np.int32),
         contract.COMPLETION_TOKENS: np.array([completion_tokens], dtype=np.int32),
     }

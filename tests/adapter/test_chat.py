@@ -398,3 +398,17 @@ def test_prompt_logprobs_count_toward_a_large_response() -> None:
 def chat_serving() -> OpenAIServingChat:
     engine = FakeEngine()
     return OpenAIServingChat(engine, OpenAIServingModels(engine, None))
+
+
+def test_the_stop_reason_is_on_the_choice_and_on_its_last_chunk(
+    engine: FakeEngine, client: TestClient
+) -> None:
+    engine.script = [
+        output(tokens=[(12, b"a", -0.5)], completion_tokens=1),
+        output(tokens=[(30, b"z", -0.2)], finish_reason="stop", stop_reason="z!"),
+    ]
+    body = {"model": "tiny", "messages": MESSAGES, "stop": "z!"}
+    [choice] = client.post(URL, json=body).json()["choices"]
+    assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", "z!")
+    chunks = [e["choices"][0] for e in stream(client, stop="z!")[:-1]]
+    assert [c.get("stop_reason", "unset") for c in chunks] == ["unset", "unset", "z!"]

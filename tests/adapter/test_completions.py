@@ -455,3 +455,24 @@ def test_the_default_max_tokens_near_the_context_end_is_not_refused(
     assert (params.max_tokens, params.max_tokens_parameter) == (16, None)
     refused = client.post(URL, json={"model": "tiny", "prompt": "x" * 60, "max_tokens": 16})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
+
+
+@pytest.mark.parametrize("stop_reason", ["ok", 433, None])
+def test_the_stop_reason_is_on_the_choice_and_on_its_last_chunk(
+    engine: FakeEngine, client: TestClient, stop_reason: str | int | None
+) -> None:
+    """vLLM's `stop_reason`; only a request with stop rules asks Triton for STOP_REASON."""
+    engine.script = [
+        output(tokens=[(12, b"a", -0.5)], completion_tokens=1),
+        output(tokens=[(30, b"z", -0.2)], finish_reason="stop", stop_reason=stop_reason),
+    ]
+    body = {"model": "tiny", "prompt": "p", "stop": ["ok"], "stop_token_ids": [433]}
+    [choice] = client.post(URL, json=body).json()["choices"]
+    assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", stop_reason)
+    chunks = [e["choices"][0] for e in stream(client, stop=["ok"])[:-1]]
+    assert ["stop_reason" in c for c in chunks] == [False, True]
+    assert chunks[-1]["stop_reason"] == stop_reason
+    names = [params.output_names for params, _ in engine.requests]
+    assert all(contract.STOP_REASON in n for n in names)
+    client.post(URL, json={"model": "tiny", "prompt": "p"})
+    assert contract.STOP_REASON not in engine.requests[-1][0].output_names

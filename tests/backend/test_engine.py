@@ -382,3 +382,29 @@ def test_a_stop_token_s_text_is_not_searched_for_stop_strings(
     assert sink.done.wait(WAIT_S)
     assert sink.token_ids == free.token_ids[:4]
     assert [out.text for out in sink.outputs] == [out.text for out in free.outputs[:4]]
+
+
+def test_the_final_output_names_the_stop_string_or_id_that_ended_it(
+    engine: Engine, runner: ModelRunner, passage: list[int], model_dir: Path
+) -> None:
+    """vLLM's `stop_reason`: the stop string or stop id, None for EOS and for the limit."""
+    greedy = GenerationParams(prompt_ids=passage[:5], max_tokens=8, temperature=0.0)
+    [free] = run(engine, [greedy])
+    word = tokenizer(model_dir).decode(free.token_ids[2:4]).strip()
+    eos = min(runner.eos_ids)
+    cases = [
+        (replace(greedy, stop=["\x00", word]), word),
+        (replace(greedy, stop_token_ids=[free.token_ids[3]]), free.token_ids[3]),
+        (replace(greedy, stop_token_ids=[eos], allowed_token_ids=[eos]), None),  # EOS first
+        (replace(greedy, stop_token_ids=[eos], allowed_token_ids=[eos], ignore_eos=True), eos),
+        (greedy, None),  # the limit
+    ]
+    for params, stop_reason in cases:
+        sink = RecordingSink()
+        engine.submit(params, sink)
+        assert sink.done.wait(WAIT_S)
+        final = sink.outputs[-1]
+        assert (final.finish_reason, final.stop_reason) == (
+            "length" if params is greedy else "stop",
+            stop_reason,
+        ), params

@@ -392,7 +392,7 @@ def test_eos_ends_with_stop_and_no_text(triton_server, model_dir, passage_ids):
             contract.TEMPERATURE: f32(0.0),
         },
     )
-    assert result.finish_reason == "stop"
+    assert (result.finish_reason, result.stop_reason) == ("stop", None)
     assert result.token_ids == [*passage_ids[-3:], tokenizer(model_dir).eos_token_id]
     assert result.text == tokenizer(model_dir).decode(passage_ids[-3:])
 
@@ -415,7 +415,8 @@ def test_ignore_eos_generates_past_it(triton_server, passage_ids):
 def test_stop_string_cuts_the_text_before_it(triton_server, model_dir, stops):
     prompt = "日本語のテキストも大丈夫です。"
     rest = PASSAGE[PASSAGE.index(prompt) + len(prompt) :]
-    cut = min(rest.index(s) for s in stops)
+    cut, first = min((rest.index(s) + len(s), s) for s in stops)
+    cut -= len(first)
     result = generate(
         triton_server.grpc_url,
         "ensemble",
@@ -426,7 +427,7 @@ def test_stop_string_cuts_the_text_before_it(triton_server, model_dir, stops):
             contract.STOP: np.array([s.encode() for s in stops], dtype=object),
         },
     )
-    assert result.finish_reason == "stop"
+    assert (result.finish_reason, result.stop_reason) == ("stop", first)
     assert result.text == rest[:cut]
 
 
@@ -442,7 +443,7 @@ def test_stop_token_id_ends_generation(triton_server, passage_ids):
             contract.STOP_TOKEN_IDS: i32(stop_id),
         },
     )
-    assert result.finish_reason == "stop"
+    assert (result.finish_reason, result.stop_reason) == ("stop", stop_id)
     assert result.token_ids == passage_ids[3:9]
 
 

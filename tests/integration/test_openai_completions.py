@@ -165,6 +165,7 @@ def test_stop_string_ends_generation(openai_client: openai.OpenAI) -> None:
     stopped = openai_client.completions.create(**request, stop=[stop, "never"])
     assert stopped.choices[0].text == free[: free.index(stop)]
     assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].stop_reason == stop  # type: ignore[attr-defined]  # vLLM's field
 
 
 def test_max_tokens_ends_with_length(http: httpx.Client) -> None:

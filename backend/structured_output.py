@@ -83,6 +83,10 @@ _TYPE_BOUNDS = (
 """Bounds of one JSON type, which xgrammar applies only under that `type`."""
 
 
+_LOOKAROUNDS = ("(?=", "(?!", "(?<=", "(?<!")
+"""Which xgrammar drops from a schema's `pattern` with a warning (the `regex` kind refuses them)."""
+
+
 def unenforced_keyword(schema: Any, path: str = "") -> str | None:
     """The first assertion of `schema` that xgrammar's grammar would not hold the output to,
     as "where: what", or None. Measured on xgrammar 0.2.9 (docs/design.md, "Structured
@@ -109,11 +113,20 @@ def unenforced_keyword(schema: Any, path: str = "") -> str | None:
     required = schema.get("required")
     if isinstance(required, list):
         defined = schema.get("properties")
-        missing = [n for n in required if not isinstance(defined, dict) or n not in defined]
+        missing = [
+            n
+            for n in required
+            if not isinstance(n, str) or not isinstance(defined, dict) or n not in defined
+        ]
         if missing:
             return f"{where}: `required` {missing[0]!r}, which `properties` does not define"
-    if "pattern" in schema and ("minLength" in schema or "maxLength" in schema):
-        return f"{where}: `pattern` with `minLength` or `maxLength`"
+    shape = next((keyword for keyword in ("pattern", "format") if keyword in schema), None)
+    if shape is not None and ("minLength" in schema or "maxLength" in schema):
+        # xgrammar compiles the pattern or format and drops the length (as vLLM refuses it)
+        return f"{where}: `{shape}` with `minLength` or `maxLength`"
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str) and any(look in pattern for look in _LOOKAROUNDS):
+        return f"{where}: a lookahead or lookbehind in `pattern`"
     step = schema.get("multipleOf")
     if step is not None and not (schema.get("type") == "integer" and isinstance(step, int)):
         return f"{where}: `multipleOf` other than an integer's integer step"
@@ -136,9 +149,9 @@ def unenforced_keyword(schema: Any, path: str = "") -> str | None:
 
 @dataclass(frozen=True)
 class StructuredOutput:
-    """`value`: the choices (a tuple of strings), the regex, the JSON schema (as canonical
-    JSON text, so that equal schemas are one cache key) or the EBNF grammar; "" for
-    `json_object`."""
+    """`value`: the choices (a tuple of strings), the regex, the JSON schema (as JSON text in
+    the schema's own key order, which the output's properties follow, as in vLLM and OpenAI) or
+    the EBNF grammar; "" for `json_object`."""
 
     kind: str
     value: Any
@@ -165,7 +178,7 @@ class StructuredOutput:
             kind = type(schema).__name__
             raise ValueError(f"a JSON schema is an object or a boolean, got {kind}")
         try:
-            text = json.dumps(schema, sort_keys=True)
+            text = json.dumps(schema)
             unenforced = unenforced_keyword(schema)
         except RecursionError:
             raise ValueError(f"the JSON schema: {TOO_DEEP}") from None

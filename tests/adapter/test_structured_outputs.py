@@ -119,6 +119,11 @@ BAD = [
         "structured_outputs",
         "asks for what the grammar cannot hold: the schema: `uniqueItems`",
     ),
+    (  # a property name that is no string: it used to be a 500 (a TypeError)
+        {"structured_outputs": {"json": {"properties": {"a": {}}, "required": [["a"]]}}},
+        "structured_outputs",
+        "cannot hold: the schema: `required` ['a'], which `properties` does not define",
+    ),
     (
         {
             "response_format": {
@@ -280,33 +285,39 @@ def test_the_sdk_parse_into_a_pydantic_model(client: TestClient, engine: FakeEng
     )
     assert reply.choices[0].message.parsed == Verdict(label="yes", score=3)
     [(params, _)] = engine.requests
-    assert params.structured_output == StructuredOutput.json_schema(
-        {
-            "additionalProperties": False,
-            "properties": {
-                "label": {"enum": ["yes", "no"], "title": "Label", "type": "string"},
-                "score": {"title": "Score", "type": "integer"},
-            },
-            "required": ["label", "score"],
-            "title": "Verdict",
-            "type": "object",
-        }
-    )
+    assert params.structured_output is not None
+    sent = json.loads(params.structured_output.value)
+    assert sent == {
+        "additionalProperties": False,
+        "properties": {
+            "label": {"enum": ["yes", "no"], "title": "Label", "type": "string"},
+            "score": {"title": "Score", "type": "integer"},
+        },
+        "required": ["label", "score"],
+        "title": "Verdict",
+        "type": "object",
+    }
+    assert list(sent["properties"]) == ["label", "score"]  # the model's field order
 
 
-def test_equal_schemas_are_sent_as_one_text(client: TestClient, engine: FakeEngine) -> None:
-    """The schema goes out canonical (sorted keys), whichever field and key order the client
-    used: the model's compile cache then holds one entry for it."""
-    shuffled = {"required": ["a"], "type": "object", "properties": {"a": {"type": "integer"}}}
+def test_a_schema_is_sent_in_the_client_s_key_order(client: TestClient, engine: FakeEngine) -> None:
+    """The output's properties follow the schema's order, as in vLLM and OpenAI: a
+    `reasoning` declared before `answer` is written first. So the schema is not sorted on its
+    way, whichever field sent it (an audit saw the properties come out sorted)."""
+    schema = {
+        "type": "object",
+        "properties": {"reasoning": {"type": "string"}, "answer": {"type": "integer"}},
+        "required": ["reasoning", "answer"],
+    }
     requests = [
-        (COMPLETIONS, {"structured_outputs": {"json": SCHEMA}}),
-        (COMPLETIONS, {"structured_outputs": {"json": json.dumps(shuffled)}}),
+        (COMPLETIONS, {"structured_outputs": {"json": schema}}),
+        (COMPLETIONS, {"structured_outputs": {"json": json.dumps(schema)}}),
         (
             CHAT,
             {
                 "response_format": {
                     "type": "json_schema",
-                    "json_schema": {"name": "a", "schema": shuffled, "strict": None},
+                    "json_schema": {"name": "a", "schema": schema, "strict": None},
                 }
             },
         ),
@@ -317,11 +328,7 @@ def test_equal_schemas_are_sent_as_one_text(client: TestClient, engine: FakeEngi
         llm_inputs(params, [1])[contract.STRUCTURED_OUTPUT][0].decode()
         for params, _ in engine.requests
     ]
-    canonical = (
-        '{"type": "json", "value": {"properties": {"a": {"type": "integer"}}, '
-        '"required": ["a"], "type": "object"}}'
-    )
-    assert texts == [canonical] * 3
+    assert texts == [json.dumps({"type": "json", "value": schema})] * 3
 
 
 def test_every_prompt_and_sample_of_a_batch_gets_the_spec(

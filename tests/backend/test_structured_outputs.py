@@ -426,6 +426,8 @@ UNENFORCED = [  # (schema, an instance it refuses, what the 400 names)
     ({"if": {"type": "integer"}, "then": {"minimum": 5}}, 3, "the schema: `if`"),
     ({"allOf": [{"type": "integer"}, {"minimum": 5}]}, 3, "`allOf` of more than one schema"),
     ({"type": "string", "pattern": "^a+$", "maxLength": 2}, "aaaa", "`pattern` with"),
+    ({"type": "string", "format": "email", "maxLength": 5}, "abcdef@x.io", "`format` with"),
+    ({"type": "string", "pattern": "^(?!x)[a-z]$"}, "x", "a lookahead or lookbehind in"),
     ({"type": "number", "multipleOf": 0.5}, 1.3, "`multipleOf` other than"),
     (
         {

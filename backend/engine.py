@@ -693,10 +693,12 @@ class Engine:
         seq.sampling.observe(token)
         self.stats.generated_tokens += 1
         reason = self._token_stop_reason(seq, token)
-        # A stop id is the stop reason, but EOS is checked first, as in vLLM's `check_stop`:
-        # its stop reason is null.
-        eos = token in self.runner.eos_ids and not seq.params.ignore_eos
-        if reason == STOP and token in seq.params.stop_token_ids and not eos:
+        # A stop id is the stop reason, EOS checked first as in vLLM's `check_stop` (null).
+        if (
+            reason == STOP
+            and token in seq.params.stop_token_ids
+            and (seq.params.ignore_eos or token not in self.runner.eos_ids)
+        ):
             seq.stop_reason = token
         if seq.matcher is not None:
             if not seq.matcher.accept_token(token):  # the mask let through what it refuses

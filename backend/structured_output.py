@@ -83,8 +83,24 @@ _TYPE_BOUNDS = (
 """Bounds of one JSON type, which xgrammar applies only under that `type`."""
 
 
-_LOOKAROUNDS = ("(?=", "(?!", "(?<=", "(?<!")
-"""Which xgrammar drops from a schema's `pattern` with a warning (the `regex` kind refuses them)."""
+def _has_lookaround(pattern: str) -> bool:
+    """Whether `pattern` holds a group `(?=`, `(?!`, `(?<=` or `(?<!`, which xgrammar drops
+    from a schema's `pattern` with a warning (the `regex` kind refuses them); an escaped
+    parenthesis and one inside a character class are plain characters."""
+    in_class, i = False, 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":
+            i += 2
+            continue
+        if char == "[":
+            in_class = True
+        elif char == "]":
+            in_class = False
+        elif char == "(" and not in_class and pattern.startswith(("?=", "?!", "?<=", "?<!"), i + 1):
+            return True
+        i += 1
+    return False
 
 
 def unenforced_keyword(schema: Any, path: str = "") -> str | None:
@@ -120,12 +136,10 @@ def unenforced_keyword(schema: Any, path: str = "") -> str | None:
         ]
         if missing:
             return f"{where}: `required` {missing[0]!r}, which `properties` does not define"
-    shape = next((keyword for keyword in ("pattern", "format") if keyword in schema), None)
-    if shape is not None and ("minLength" in schema or "maxLength" in schema):
-        # xgrammar compiles the pattern or format and drops the length (as vLLM refuses it)
-        return f"{where}: `{shape}` with `minLength` or `maxLength`"
+    if "pattern" in schema and ("minLength" in schema or "maxLength" in schema):
+        return f"{where}: `pattern` with `minLength` or `maxLength`"
     pattern = schema.get("pattern")
-    if isinstance(pattern, str) and any(look in pattern for look in _LOOKAROUNDS):
+    if isinstance(pattern, str) and _has_lookaround(pattern):
         return f"{where}: a lookahead or lookbehind in `pattern`"
     step = schema.get("multipleOf")
     if step is not None and not (schema.get("type") == "integer" and isinstance(step, int)):

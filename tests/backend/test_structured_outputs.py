@@ -426,7 +426,6 @@ UNENFORCED = [  # (schema, an instance it refuses, what the 400 names)
     ({"if": {"type": "integer"}, "then": {"minimum": 5}}, 3, "the schema: `if`"),
     ({"allOf": [{"type": "integer"}, {"minimum": 5}]}, 3, "`allOf` of more than one schema"),
     ({"type": "string", "pattern": "^a+$", "maxLength": 2}, "aaaa", "`pattern` with"),
-    ({"type": "string", "format": "email", "maxLength": 5}, "abcdef@x.io", "`format` with"),
     ({"type": "string", "pattern": "^(?!x)[a-z]$"}, "x", "a lookahead or lookbehind in"),
     ({"type": "number", "multipleOf": 0.5}, 1.3, "`multipleOf` other than"),
     (
@@ -528,6 +527,10 @@ def test_what_xgrammar_does_not_enforce_is_refused(schema: dict, instance, named
             },
         },
         {"enum": ["x", "y"], "maxLength": 1},
+        # pydantic's HttpUrl: xgrammar's `uri` cannot be empty, and drops the 2083 (see docs)
+        {"type": "string", "format": "uri", "minLength": 1, "maxLength": 2083},
+        {"type": "string", "pattern": "^\\(?=[a-z]+$"},  # an escaped "(", then "="
+        {"type": "string", "pattern": "^[(?=]+$"},  # a character class
     ],
 )
 def test_what_xgrammar_enforces_is_accepted(schema: dict) -> None:

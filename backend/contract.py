@@ -184,7 +184,7 @@ def requested_outputs(
     client that sends LOGPROB_TOKEN_IDS sends LOGPROBS=0: its alternatives are the ids). Each
     tensor costs a response its fixed cost whatever its size (docs/design.md, "Streaming
     responses"), so an empty top-k is not asked for, nor STOP_REASON without stop strings or
-    stop ids (`stop_rules`), where it can only be null."""
+    stop ids (`stop_rules`): it is then null but for a model's second EOS id (docs/openai.md)."""
     names: tuple[str, ...] = ALWAYS_OUTPUTS
     if stop_rules:
         names += (STOP_REASON,)

@@ -693,11 +693,10 @@ class Engine:
         seq.sampling.observe(token)
         self.stats.generated_tokens += 1
         reason = self._token_stop_reason(seq, token)
-        # A stop id is the stop reason, EOS checked first as in vLLM's `check_stop` (null).
-        if (
-            reason == STOP
-            and token in seq.params.stop_token_ids
-            and (seq.params.ignore_eos or token not in self.runner.eos_ids)
+        # Every stop id is its own stop reason, the generation config's other EOS ids included,
+        # but the tokenizer's EOS, which vLLM's `check_stop` tests first (null).
+        if reason == STOP and (
+            seq.params.ignore_eos or token != self.runner.tokenizer.eos_token_id
         ):
             seq.stop_reason = token
         if seq.matcher is not None:
@@ -730,10 +729,11 @@ class Engine:
         piece = "" if hidden else seq.detokenizer.push(token)
         if reason is not None:
             piece += seq.detokenizer.flush()
-        # Stop strings count once the output exceeds min_tokens, as vLLM checks them, and not
-        # in a stop token's own text: the token stopped it first (vLLM's detokenizer `update`).
+        # Stop strings count once the output exceeds min_tokens, as vLLM checks them; one in a
+        # stop token's own text (with include_stop_str_in_output) cuts it and is the stop reason,
+        # as in vLLM's detokenizer `update`.
         text, stop_string = seq.stop_matcher.push(
-            piece, search=seq.generated > seq.params.min_tokens and token not in seq.stop_ids
+            piece, search=seq.generated > seq.params.min_tokens
         )
         if stop_string is not None:
             seq.stop_reason = stop_string

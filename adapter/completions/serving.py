@@ -241,15 +241,13 @@ class OpenAIServingCompletion(OpenAIServing):
             if not (output.output_ids or output.text or output.final):
                 return None
             text, logprobs = builders[index].build([output])
-            choice = CompletionResponseStreamChoice(
+            return CompletionResponseStreamChoice(
                 index=index,
                 text=text,
                 logprobs=logprobs,
                 finish_reason=output.finish_reason if output.final else None,
+                stop_reason=output.stop_reason if output.final else None,  # vLLM: every chunk
             )
-            if output.final:  # set, so that the chunk carries it (`sse_event`)
-                choice.stop_reason = output.stop_reason
-            return choice
 
         return self.sse_stream(
             streams,

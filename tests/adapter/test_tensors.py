@@ -239,6 +239,8 @@ def test_output_not_final_and_empty() -> None:
         ({"logprob_token_ids": (5,)}, ("sampled", "ids")),
         ({"prompt_logprobs": 1}, ("prompt",)),
         ({"logprobs": 2, "prompt_logprob_token_ids": (4,)}, ("sampled", "top", "prompt")),
+        ({"stop": ("\n",)}, ("stop",)),
+        ({"stop_token_ids": (7,), "logprobs": 0}, ("stop", "sampled")),
     ],
 )
 def test_a_request_asks_only_for_the_outputs_it_reads(
@@ -250,6 +252,7 @@ def test_a_request_asks_only_for_the_outputs_it_reads(
         "top": contract.TOP_LOGPROB_OUTPUTS,
         "ids": contract.TOKEN_ID_LOGPROB_OUTPUTS,
         "prompt": contract.PROMPT_OUTPUTS,
+        "stop": (contract.STOP_REASON,),
     }
     expected = set(contract.ALWAYS_OUTPUTS).union(*(outputs_of[group] for group in groups))
     assert set(names) == expected

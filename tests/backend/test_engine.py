@@ -361,42 +361,46 @@ def test_min_tokens_bans_eos_also_when_eos_is_ignored(
     assert held.token_ids[:9] == stopping.token_ids[:9]
 
 
-def test_a_stop_token_s_text_is_not_searched_for_stop_strings(
+def test_a_stop_string_in_a_stop_token_s_own_text_cuts_it(
     engine: Engine, passage: list[int], model_dir: Path
 ) -> None:
-    """The stop token stopped the request first, so its text is returned whole with
-    include_stop_str_in_output, even where a stop string ends inside it (vLLM)."""
+    """With include_stop_str_in_output the stop token's text is searched too, and a stop
+    string ending inside it cuts the text there and is the stop reason, as in vLLM's
+    detokenizer `update` (which skips the token's text only when it is not included)."""
     greedy = GenerationParams(prompt_ids=passage[:5], max_tokens=8, temperature=0.0)
     [free] = run(engine, [greedy])
     stop_id = free.token_ids[3]
-    stop_text = tokenizer(model_dir).decode([stop_id])
-    assert len(stop_text.strip()) >= 2  # a stop string can end inside it, before its end
+    stop_text = tokenizer(model_dir).decode([stop_id]).strip()
+    assert len(stop_text) >= 2  # a stop string can end inside it, before its end
     params = replace(
-        greedy,
-        stop_token_ids=[stop_id],
-        stop=[stop_text.strip()[:-1]],
-        include_stop_str_in_output=True,
+        greedy, stop_token_ids=[stop_id], stop=[stop_text[:-1]], include_stop_str_in_output=True
     )
     sink = RecordingSink()
     engine.submit(params, sink)
     assert sink.done.wait(WAIT_S)
     assert sink.token_ids == free.token_ids[:4]
-    assert [out.text for out in sink.outputs] == [out.text for out in free.outputs[:4]]
+    texts = [out.text for out in free.outputs[:4]]
+    texts[3] = texts[3][: texts[3].index(stop_text) + len(stop_text) - 1]
+    assert [out.text for out in sink.outputs] == texts
+    assert sink.outputs[-1].stop_reason == stop_text[:-1]
 
 
 def test_the_final_output_names_the_stop_string_or_id_that_ended_it(
     engine: Engine, runner: ModelRunner, passage: list[int], model_dir: Path
 ) -> None:
-    """vLLM's `stop_reason`: the stop string or stop id, None for EOS and for the limit."""
+    """vLLM's `stop_reason`: the stop string or stop id (the generation config's EOS ids other
+    than the tokenizer's included), None for the tokenizer's EOS and for the limit."""
     greedy = GenerationParams(prompt_ids=passage[:5], max_tokens=8, temperature=0.0)
     [free] = run(engine, [greedy])
     word = tokenizer(model_dir).decode(free.token_ids[2:4]).strip()
-    eos = min(runner.eos_ids)
+    eos = tokenizer(model_dir).eos_token_id
+    [other_eos] = runner.eos_ids - {eos}  # the test model's generation config lists two
     cases = [
         (replace(greedy, stop=["\x00", word]), word),
         (replace(greedy, stop_token_ids=[free.token_ids[3]]), free.token_ids[3]),
         (replace(greedy, stop_token_ids=[eos], allowed_token_ids=[eos]), None),  # EOS first
         (replace(greedy, stop_token_ids=[eos], allowed_token_ids=[eos], ignore_eos=True), eos),
+        (replace(greedy, allowed_token_ids=[other_eos]), other_eos),  # vLLM: a stop id
         (greedy, None),  # the limit
     ]
     for params, stop_reason in cases:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 
 from backend import contract
 from backend import triton_io as io
-from backend.outputs import PromptLogprobs, StepOutput
+from backend.outputs import PromptLogprobs, StepOutput, merge_outputs
 from backend.params import EngineLimits, GenerationParams, InvalidInputError
 from tests.backend.triton_config import config_tensors
 
@@ -442,6 +443,20 @@ def test_finish_reason_is_empty_until_the_final_response(reason: str | None, sen
     out.finish_reason = reason
     arrays = io.output_arrays(out, GenerationParams(prompt_ids=[1]))
     assert arrays[contract.FINISH_REASON].tolist() == [sent]
+
+
+@pytest.mark.parametrize("stop_reason", ["\n\nQ: é", 42, None])
+def test_stop_reason_is_empty_until_the_final_response_then_json(
+    stop_reason: str | int | None,
+) -> None:
+    """STOP_REASON, also after the writer merged the final step with earlier ones."""
+    params = GenerationParams(prompt_ids=[1])
+    first, last = step_output(1, 0, 0), step_output(1, 0, 0, first=False)
+    last.finish_reason, last.stop_reason = "stop", stop_reason
+    assert io.output_arrays(first, params)[contract.STOP_REASON].tolist() == [b""]
+    for out in (last, merge_outputs([first, last])):
+        [sent] = io.output_arrays(out, params)[contract.STOP_REASON].tolist()
+        assert json.loads(sent) == stop_reason
 
 
 def prompt_shapes(p: int, k: int, m: int) -> dict[str, tuple[int, ...]]:

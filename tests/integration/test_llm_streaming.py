@@ -415,8 +415,8 @@ def test_ignore_eos_generates_past_it(triton_server, passage_ids):
 def test_stop_string_cuts_the_text_before_it(triton_server, model_dir, stops):
     prompt = "日本語のテキストも大丈夫です。"
     rest = PASSAGE[PASSAGE.index(prompt) + len(prompt) :]
-    cut, first = min((rest.index(s) + len(s), s) for s in stops)
-    cut -= len(first)
+    end, _, first = min((rest.index(s) + len(s), i, s) for i, s in enumerate(stops))
+    cut = end - len(first)  # the first to end wins, ties in list order
     result = generate(
         triton_server.grpc_url,
         "ensemble",

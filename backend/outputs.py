@@ -62,7 +62,7 @@ class StepOutput:
     """On the first response, when prompt logprobs were asked for."""
     stop_reason: str | int | None = None
     """With finish_reason "stop": the stop string or stop token id that ended the request, None
-    for EOS or a completed structured output (vLLM's `stop_reason`)."""
+    for the tokenizer's EOS or a completed structured output (vLLM's `stop_reason`)."""
 
 
 def merge_outputs(outputs: Sequence[StepOutput]) -> StepOutput:

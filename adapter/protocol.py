@@ -448,6 +448,13 @@ def distinct(ids: Sequence[int] | None) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids or ()))
 
 
+def token_limit_or_default(limit: int | None, default_max_tokens: int | None) -> int:
+    """The request's own token limit, else the server's default (`default_max_tokens`: its cap
+    or the context, whichever is smaller; None: the model's own context, which INT32_MAX
+    reaches)."""
+    return (default_max_tokens or INT32_MAX) if limit is None else limit
+
+
 def check_min_tokens(min_tokens: int | None, max_tokens: int | None) -> None:
     """vLLM's rule: at most `max_tokens` (when the request sets a limit)."""
     if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:

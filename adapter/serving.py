@@ -32,7 +32,7 @@ from adapter.errors import (
 )
 from adapter.metrics import AdapterMetrics
 from adapter.models import OpenAIServingModels
-from adapter.protocol import StreamOptions, UsageInfo
+from adapter.protocol import INT32_MAX, StreamOptions, UsageInfo
 from adapter.settings import AdapterSettings
 from adapter.tensors import LogprobRows, TritonOutput, TritonRequest
 from backend import contract
@@ -226,6 +226,11 @@ class OpenAIServing:
         """`n` and the token limit against the server's caps (`max_n`, `max_tokens_cap`)."""
         self.check_at_most(n, self.limits.max_n, "n")
         self.check_at_most(max_tokens, self.limits.max_tokens_cap, max_tokens_parameter)
+
+    def default_token_limit(self, info: ModelInfo) -> int:
+        """A request without its own token limit generates up to the server's cap or the
+        context, whichever is smaller."""
+        return min(info.max_model_len or INT32_MAX, self.limits.max_tokens_cap)
 
     @staticmethod
     def check_id_count(info: ModelInfo, ids: Sequence[object] | None, parameter: str) -> None:

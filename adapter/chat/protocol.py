@@ -12,7 +12,6 @@ from typing_extensions import TypedDict
 
 from adapter.errors import InvalidRequestError
 from adapter.protocol import (
-    INT32_MAX,
     VLLM_UNSUPPORTED,
     ChatTemplateKwargs,
     GenerationRequest,
@@ -22,6 +21,7 @@ from adapter.protocol import (
     check_chat_template_flags,
     check_logprob_token_ids,
     check_min_tokens,
+    token_limit_or_default,
 )
 from adapter.tensors import TritonRequest
 from backend.chat_content import ContentError, content_texts
@@ -211,9 +211,8 @@ class ChatCompletionRequest(GenerationRequest):
         """The model's inputs, one per choice: the user's value, else the server's default,
         else the model's.
 
-        Chat has no token limit of its own: without one the model generates up to
-        `default_max_tokens` (the server's cap or the context, whichever is smaller; None: the
-        model's own context, which INT32_MAX then reaches).
+        Chat has no default token limit: without one the model generates up to
+        `default_max_tokens` (`token_limit_or_default`).
         """
         sampling = self.sampling_params()
         logprobs = None
@@ -227,7 +226,7 @@ class ChatCompletionRequest(GenerationRequest):
             add_generation_prompt=self.add_generation_prompt,
             chat_template_kwargs=self.chat_template_kwargs or None,
             continue_final_message=self.continue_final_message,
-            max_tokens=(default_max_tokens or INT32_MAX) if limit is None else limit,
+            max_tokens=token_limit_or_default(limit, default_max_tokens),
             max_tokens_parameter=None if limit is None else self.token_limit_parameter(),
             logprobs=logprobs,
         )

@@ -20,7 +20,7 @@ from adapter.chat.protocol import (
 )
 from adapter.context import current_request_id
 from adapter.logprobs import LogprobsCollector, ShownTokens, TokenLogprob
-from adapter.protocol import INT32_MAX, UsageInfo
+from adapter.protocol import UsageInfo
 from adapter.serving import SAMPLING_TENSOR_PARAMS, JSONBody, OpenAIServing
 from adapter.tensors import TritonOutput, TritonRequest
 from backend import contract
@@ -79,8 +79,7 @@ class OpenAIServingChat(OpenAIServing):
         )
         self.check_top_logprobs(info, request.top_logprobs, "top_logprobs")
         self.check_id_count(info, request.logprob_token_ids, "logprob_token_ids")
-        default_limit = min(info.max_model_len or INT32_MAX, self.limits.max_tokens_cap)
-        choices = request.to_generation_params(default_limit)
+        choices = request.to_generation_params(self.default_token_limit(info))
         self.check_request_count(info, len(choices), "n")
         request_id = f"chatcmpl-{current_request_id()}"
         fields = self.request_fields(request.structured_output_parameter)

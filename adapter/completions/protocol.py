@@ -20,6 +20,7 @@ from adapter.protocol import (
     check_min_tokens,
     check_token_ids,
     distinct,
+    token_limit_or_default,
 )
 from adapter.tensors import TritonRequest
 
@@ -63,7 +64,8 @@ class CompletionRequest(GenerationRequest):
     )
     max_tokens: Annotated[int, Field(ge=0)] | None = Field(
         default=DEFAULT_MAX_TOKENS,
-        description="Tokens to generate at most; 0 with `echo` scores the prompt only.",
+        description="Tokens to generate at most; 0 with `echo` scores the prompt only; null: "
+        "up to the server's cap or the context, whichever is smaller (vLLM).",
     )
     suffix: str | None = Field(default=None, description="Not supported.")
     metadata: dict[str, Any] | None = Field(default=None, description="Accepted, not used.")
@@ -127,16 +129,12 @@ class CompletionRequest(GenerationRequest):
         check_prompt_logprob_token_ids(
             self.prompt_logprob_token_ids, echo=bool(self.echo), logprobs=self.logprobs
         )
-        check_min_tokens(self.min_tokens, self.token_limit())
+        check_min_tokens(self.min_tokens, self.max_tokens)
         self.reject_unsupported()
         return self
 
-    def token_limit(self) -> int:
-        """`max_tokens`, else OpenAI's default."""
-        return DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
-
     def max_tokens_set(self) -> bool:
-        """Whether the caller gave `max_tokens` (null counts as not given)."""
+        """Whether the caller gave a number for `max_tokens`."""
         return "max_tokens" in self.model_fields_set and self.max_tokens is not None
 
     def prompts(self) -> list[str | list[int]]:
@@ -145,9 +143,13 @@ class CompletionRequest(GenerationRequest):
             return [self.prompt]
         return list(self.prompt)
 
-    def to_generation_params(self) -> list[TritonRequest]:
+    def to_generation_params(self, default_max_tokens: int | None) -> list[TritonRequest]:
         """The model's inputs, one per choice in `index` order: the user's value, else
-        OpenAI's default, else the model's."""
+        OpenAI's default, else the model's.
+
+        `max_tokens` absent is OpenAI's 16; null is no limit of the request's own, as in
+        vLLM: up to `default_max_tokens` (chat's default, `ChatCompletionRequest`).
+        """
         sampling = self.sampling_params()
         # With explicit ids the natural top-k is not returned, so it is not computed either.
         logprobs = self.logprobs
@@ -165,9 +167,9 @@ class CompletionRequest(GenerationRequest):
                 sampling,
                 text=text,
                 prompt_ids=None if isinstance(prompt, str) else tuple(prompt),
-                max_tokens=self.token_limit(),
-                # OpenAI's default of 16 stops at the context's end; a limit the caller set
-                # that does not fit is a 400 (vLLM)
+                max_tokens=token_limit_or_default(self.max_tokens, default_max_tokens),
+                # A default stops at the context's end; a limit the caller set that does not
+                # fit is a 400 (vLLM)
                 max_tokens_parameter="max_tokens" if self.max_tokens_set() else None,
                 logprobs=logprobs,
                 prompt_logprobs=prompt_logprobs,

@@ -155,7 +155,7 @@ class OpenAIServingCompletion(OpenAIServing):
         self.check_top_logprobs(info, request.logprobs, "logprobs")
         self.check_id_count(info, request.logprob_token_ids, "logprob_token_ids")
         self.check_id_count(info, request.prompt_logprob_token_ids, "prompt_logprob_token_ids")
-        choices = request.to_generation_params()
+        choices = request.to_generation_params(self.default_token_limit(info))
         batch = len(choices) > (request.n or 1)
         self.check_request_count(info, len(choices), "prompt" if batch else "n")
         request_id = f"cmpl-{current_request_id()}"

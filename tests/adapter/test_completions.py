@@ -457,6 +457,20 @@ def test_the_default_max_tokens_near_the_context_end_is_not_refused(
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
 
 
+def test_max_tokens_null_generates_up_to_the_context_end(
+    engine: FakeEngine, client: TestClient
+) -> None:
+    """An explicit null is no limit of the request's own, as in vLLM (the rest of the
+    context), not OpenAI's default of 16 for an absent field; `min_tokens` above 16 is then
+    no conflict."""
+    engine.script = EXPLICIT_SCRIPT
+    body = {"model": "tiny", "prompt": "p", "max_tokens": None, "min_tokens": 20}
+    response = client.post(URL, json=body)
+    assert response.status_code == 200, response.text
+    [(params, _)] = engine.requests
+    assert (params.max_tokens, params.max_tokens_parameter, params.min_tokens) == (64, None, 20)
+
+
 @pytest.mark.parametrize("stop_reason", ["ok", 433, None])
 def test_the_stop_reason_is_on_the_choice_and_on_its_last_chunk(
     engine: FakeEngine, client: TestClient, stop_reason: str | int | None

@@ -332,7 +332,7 @@ def test_a_merged_response_reads_as_its_tokens_one_by_one(drawn) -> None:
     together = LogprobsCollector(params.logprob_token_ids)
     assert flat(one_by_one.positions(o) for o in singles) == together.positions(merged)
     request = CompletionRequest(prompt=[1], logprobs=params.logprobs, stream=True)
-    [choice] = request.to_generation_params()
+    [choice] = request.to_generation_params(None)
     choice = replace(choice, logprob_token_ids=tuple(params.logprob_token_ids))
     assert CompletionChoiceBuilder(request, choice).build(singles) == CompletionChoiceBuilder(
         request, choice
@@ -376,7 +376,7 @@ def completion_streams(draw: st.DrawFn) -> tuple[list[TritonOutput], int | None]
 def test_joined_stream_chunks_equal_the_full_response(drawn) -> None:
     outputs, k = drawn
     request = CompletionRequest(prompt="p", logprobs=k, stream=True)
-    [params] = request.to_generation_params()
+    [params] = request.to_generation_params(None)
     full_text, full = CompletionChoiceBuilder(request, params).build(outputs)
     streamed = CompletionChoiceBuilder(request, replace(params))
     chunks = [streamed.build([output]) for output in outputs]

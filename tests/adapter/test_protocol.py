@@ -317,7 +317,7 @@ def test_unknown_model_is_404(client: TestClient, path: str) -> None:
 def test_completion_request_to_generation_params() -> None:
     [params] = CompletionRequest(
         prompt=[[5, 6, 7]], logprobs=3, logprob_token_ids=[9, 4, 9, 2], top_k=-1, stop="\n"
-    ).to_generation_params()
+    ).to_generation_params(None)
     assert params.prompt_ids == (5, 6, 7)
     assert params.text is None
     assert params.max_tokens == 16  # OpenAI's completions default
@@ -340,13 +340,13 @@ def test_completion_request_to_generation_params() -> None:
         stop_token_ids=[2],
         logprobs=2,
         add_special_tokens=False,
-    ).to_generation_params()
+    ).to_generation_params(None)
     assert (text.text, text.prompt_ids, text.max_tokens) == ("Hi", None, 3)
     assert (text.temperature, text.top_p, text.top_k, text.seed) == (0, 0.5, 4, 11)
     assert text.min_p == 0.25
     assert (text.ignore_eos, text.stop, text.stop_token_ids) == (True, ("a", "b"), (2,))
     assert (text.logprobs, text.logprob_token_ids, text.add_special_tokens) == (2, (), False)
-    assert CompletionRequest(prompt="Hi").to_generation_params()[0].logprobs is None
+    assert CompletionRequest(prompt="Hi").to_generation_params(None)[0].logprobs is None
 
 
 def test_sampling_fields_reach_the_params_of_both_endpoints() -> None:
@@ -360,7 +360,7 @@ def test_sampling_fields_reach_the_params_of_both_endpoints() -> None:
         "include_stop_str_in_output": True,
         "max_tokens": 8,
     }
-    [completion_params] = CompletionRequest(prompt="Hi", **fields).to_generation_params()
+    [completion_params] = CompletionRequest(prompt="Hi", **fields).to_generation_params(None)
     [chat_params] = ChatCompletionRequest(messages=MESSAGES, **fields).to_generation_params(256)
     for params in (completion_params, chat_params):
         assert (params.presence_penalty, params.frequency_penalty) == (0.5, -1.5)
@@ -373,7 +373,7 @@ def test_sampling_fields_reach_the_params_of_both_endpoints() -> None:
 
 def test_n_samples_get_consecutive_seeds() -> None:
     request = CompletionRequest(prompt=["a", "b"], n=3, seed=2**63 - 2)
-    choices = request.to_generation_params()
+    choices = request.to_generation_params(None)
     # Choice i*n + j is prompt i's sample j; seed + j wraps inside int64.
     assert [c.text for c in choices] == ["a", "a", "a", "b", "b", "b"]
     assert [c.seed for c in choices] == [2**63 - 2, 2**63 - 1, -(2**63)] * 2
@@ -396,7 +396,7 @@ def test_n_samples_get_consecutive_seeds() -> None:
     ],
 )
 def test_echo_asks_for_prompt_logprobs_when_needed(fields: dict, expected: int | None) -> None:
-    [params] = CompletionRequest(**fields).to_generation_params()
+    [params] = CompletionRequest(**fields).to_generation_params(None)
     assert params.prompt_logprobs == expected
     assert params.prompt_logprob_token_ids == (
         (8, 2) if "prompt_logprob_token_ids" in fields else ()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import (
     AsyncGenerator,
@@ -96,6 +97,11 @@ SAMPLING_TENSOR_PARAMS: Mapping[str, str] = {
     contract.LOGPROB_TOKEN_IDS: "logprob_token_ids",
 }
 """Triton input -> request field, for the inputs both endpoints send alike."""
+
+
+_TENSOR_NAME = re.compile(r"\b[A-Z][A-Z0-9_]*[A-Z0-9]\b")
+"""A Triton input's name in a model's error message, which `field_errors` renames to the
+request field behind it."""
 
 
 def sse_event(payload: BaseModel) -> str:
@@ -275,8 +281,11 @@ class OpenAIServing:
         try:
             yield
         except TritonInputError as exc:
+            detail = _TENSOR_NAME.sub(
+                lambda name: f"`{fields[name[0]]}`" if name[0] in fields else name[0], exc.detail
+            )
             raise InvalidRequestError(
-                f"{fields.get(exc.tensor, exc.tensor)}: {exc.detail}",
+                f"{fields.get(exc.tensor, exc.tensor)}: {detail}",
                 parameter=fields.get(exc.tensor),
             ) from exc
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from backend.contract import (
+    ALLOWED_TOKEN_IDS,
     DEFAULT_MAX_LOGPROB_TOKEN_IDS,
     DEFAULT_MAX_LOGPROBS,
     DEFAULT_MAX_QUEUE_SIZE,
@@ -676,17 +677,32 @@ class Engine:
                 padded[row, : len(seq.logprob_ids)] = seq.logprob_ids
         return padded
 
+    @staticmethod
+    def _no_token_fits(seq: _Sequence) -> str:
+        """The error of a row whose bans left no id, naming the inputs that banned, the first
+        as the culprit: only a grammar, MIN_TOKENS (EOS and stop ids early) and
+        ALLOWED_TOKEN_IDS ban (a logit bias is finite, and allowed ids alone leave one)."""
+        banning = [
+            name
+            for name, bans in (
+                (STRUCTURED_OUTPUT, seq.matcher is not None),
+                (MIN_TOKENS, seq.generated < seq.params.min_tokens),
+                (ALLOWED_TOKEN_IDS, bool(seq.params.allowed_token_ids)),
+            )
+            if bans
+        ]
+        together = " together" if len(banning) > 1 else ""
+        names = " and ".join(
+            [", ".join(banning[:-1]), banning[-1]] if len(banning) > 1 else banning
+        )
+        return f"{banning[0]}: no token fits: {names}{together} ban every id"
+
     def _advance(self, seq: _Sequence, token: int) -> tuple[str, str | None] | None:
         """One sampled token through the stop rules: its text and finish reason (the sequence
         is then finished), or None when it ended the request with an error."""
         if token == NO_TOKEN:
             seq.finished = True
-            tensor = STRUCTURED_OUTPUT if seq.matcher is not None else MIN_TOKENS
-            seq.sink.send_error(
-                f"{tensor}: no token fits: the structured output, ALLOWED_TOKEN_IDS, "
-                "LOGIT_BIAS_IDS and MIN_TOKENS together ban every id",
-                kind=INVALID,
-            )
+            seq.sink.send_error(self._no_token_fits(seq), kind=INVALID)
             return None
         seq.generated += 1
         seq.last_token = token

@@ -241,6 +241,33 @@ def test_a_compile_error_from_the_model_names_the_field_used(
     assert error["message"] == f"{param}: regex does not compile: x"
 
 
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+    ],
+)
+def test_the_inputs_an_engine_error_names_become_the_request_fields(
+    client: TestClient, engine: FakeEngine, path: str, fields: dict, param: str
+) -> None:
+    """The engine names Triton inputs; the client reads the fields it sent."""
+    engine.script = [
+        TritonInputError(
+            contract.STRUCTURED_OUTPUT,
+            "no token fits: STRUCTURED_OUTPUT, MIN_TOKENS and ALLOWED_TOKEN_IDS together ban "
+            "every id (UTF-8, EOS)",
+        )
+    ]
+    response = client.post(path, json=body(path, **fields))
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["message"] == (
+        f"{param}: no token fits: `{param}`, `min_tokens` and `allowed_token_ids` together ban "
+        "every id (UTF-8, EOS)"
+    )
+
+
 def test_the_tensor_is_bytes_of_one_json_spec() -> None:
     spec = StructuredOutput("choice", ("ja", "nein"))
     arrays = llm_inputs(TritonRequest(prompt_ids=(1,), structured_output=spec), [1])

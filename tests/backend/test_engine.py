@@ -155,7 +155,10 @@ def test_allowed_ids_that_min_tokens_all_bans_are_invalid(
     )
     [sink] = run(engine, [params])
     assert sink.kind == INVALID
-    assert (sink.error or "").startswith(f"{contract.MIN_TOKENS}: no token fits")
+    assert sink.error == (
+        f"{contract.MIN_TOKENS}: no token fits: {contract.MIN_TOKENS} and "
+        f"{contract.ALLOWED_TOKEN_IDS} together ban every id"
+    )
     assert sink.token_ids == []
 
 

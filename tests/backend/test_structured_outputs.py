@@ -177,8 +177,8 @@ def test_a_grammar_that_only_min_tokens_keeps_open_is_invalid(engine, model_dir)
     [sink] = run(engine, [params])
     assert sink.kind == INVALID
     assert sink.error == (
-        f"{contract.STRUCTURED_OUTPUT}: no token fits: the structured output, ALLOWED_TOKEN_IDS, "
-        "LOGIT_BIAS_IDS and MIN_TOKENS together ban every id"
+        f"{contract.STRUCTURED_OUTPUT}: no token fits: {contract.STRUCTURED_OUTPUT} and "
+        f"{contract.MIN_TOKENS} together ban every id"
     )
     assert _text(sink) == "yes"
 

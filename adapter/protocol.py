@@ -303,7 +303,7 @@ class StructuredOutputsParams(OpenAIBaseModel):
             "regex": self.regex,
             "choice": self.choice,
             "grammar": self.grammar,
-            "json_object": self.json_object or None,
+            "json_object": self.json_object,  # false too, as in vLLM: one kind, or a typo
         }
         given = [name for name, value in kinds.items() if value is not None]
         if len(given) != 1:
@@ -311,6 +311,12 @@ class StructuredOutputsParams(OpenAIBaseModel):
                 "`structured_outputs` takes exactly one of `json`, `regex`, `choice`, `grammar` "
                 f"and `json_object`; got {len(given)}"
                 + (f" ({', '.join(given)})." if given else "."),
+                parameter=param,
+            )
+        if self.json_object is False:
+            raise InvalidRequestError(
+                "`structured_outputs.json_object: false` constrains nothing; leave "
+                "`structured_outputs` out for free text.",
                 parameter=param,
             )
         whitespace = bool(self.disable_any_whitespace)

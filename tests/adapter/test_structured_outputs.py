@@ -97,6 +97,16 @@ BAD = [
         "structured_outputs",
         "got 2 (regex, choice)",
     ),
+    (  # json_object false is a kind given, as in vLLM: it used to pass beside another
+        {"structured_outputs": {"regex": "a", "json_object": False}},
+        "structured_outputs",
+        "got 2 (regex, json_object)",
+    ),
+    (
+        {"structured_outputs": {"json_object": False}},
+        "structured_outputs",
+        "`structured_outputs.json_object: false` constrains nothing",
+    ),
     ({"structured_outputs": {"choice": []}}, "structured_outputs", "non-empty list"),
     (
         {"structured_outputs": {"regex": "a", "disable_any_whitepsace": True}},

@@ -98,8 +98,10 @@ class GrammarCompiler:
         try:
             compiled = self._build(spec)
         except RuntimeError as exc:  # xgrammar's parse and conversion errors
-            # vLLM converts Lark grammars to EBNF; this server takes EBNF only, and says so.
-            hint = " (EBNF (GBNF) is expected, not Lark)" if spec.kind == GRAMMAR else ""
+            # vLLM converts Lark grammars to EBNF; this server takes EBNF only, and says so to
+            # a grammar with no `::=` rule, which vLLM's `grammar_is_likely_lark` reads as Lark.
+            lark = spec.kind == GRAMMAR and "::=" not in spec.value
+            hint = " (EBNF (GBNF) is expected, not Lark)" if lark else ""
             raise ValueError(f"{spec.kind} does not compile{hint}: {_first_line(exc)}") from None
         finally:
             with self._lock:

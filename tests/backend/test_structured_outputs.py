@@ -144,7 +144,7 @@ def test_logprobs_stay_the_raw_log_softmax(engine, model_dir) -> None:
     ("spec", "message"),
     [
         (StructuredOutput("regex", "[0-9"), "regex does not compile"),
-        (StructuredOutput("grammar", "root ::= "), "grammar does not compile"),
+        (StructuredOutput("grammar", "root ::= "), "grammar does not compile: "),
         (StructuredOutput("grammar", '?start: "yes" | "no"'), "grammar does not compile (EBNF"),
         (StructuredOutput.json_schema({"type": "nonsense"}), "json does not compile"),
     ],

@@ -79,6 +79,10 @@ class LLMConfig:
     only for those that ask: a small model may otherwise never end the object."""
     fast_decode: bool = True
     """Decode Llama-family models through `backend.fast_decode` (same math, less Python)."""
+    engine_hang_timeout_s: int = 300
+    """An engine process that sends nothing for this long is hung (it reports every iteration,
+    and every 50 ms when idle, so only one forward that long, or a deadlock, stays silent): the
+    stub kills it, and its requests fail as at its death; 0 = never."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_logprobs <= MAX_TOP_K:
@@ -94,6 +98,7 @@ class LLMConfig:
             "max_logprob_token_ids",
             "max_tokens_per_response",
             "stream_interval_ms",
+            "engine_hang_timeout_s",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

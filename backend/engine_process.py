@@ -13,7 +13,8 @@ server. One pipe joins them:
 `EngineProcess` is the stub's side: `submit` takes the same sinks as `Engine.submit` (model.py's
 outboxes), a reader thread hands each output to its sink and forwards a sink's cancellation to
 the engine. If the engine process dies, every request in flight gets a final error and
-`on_death` runs (model.py then ends the stub, whose death the launcher handles).
+`on_death` runs (model.py then ends the stub, whose death the launcher handles); so it does when
+the engine process sends nothing for `engine_hang_timeout_s` (hung), which the reader then kills.
 """
 
 from __future__ import annotations
@@ -308,10 +309,15 @@ class EngineProcess:
             self._conn.send(message)
 
     def _read(self) -> None:
-        """Reader thread: each iteration's outputs to their sinks, stats on, cancels back."""
+        """Reader thread: each iteration's outputs to their sinks, stats on, cancels back; an
+        engine silent for `engine_hang_timeout_s` is killed, and then read as dead."""
         assert self._conn is not None
+        hang_timeout_s = self._config.engine_hang_timeout_s or None  # None: wait forever
         while True:
             try:
+                if not self._conn.poll(hang_timeout_s):
+                    self._kill_hung()
+                    continue  # the pipe's end follows
                 items, stats = self._conn.recv()
             except (EOFError, OSError):
                 break
@@ -321,6 +327,16 @@ class EngineProcess:
                 self._on_stats(stats)
             self._forward_cancels()
         self._fail_all()
+
+    def _kill_hung(self) -> None:
+        """A deadlocked engine, or one stuck in a forward, would hold its requests forever while
+        Triton reports ready: killed, it is a death, which the stub and the launcher heal."""
+        logger.error(
+            "the engine process sent nothing for %d s (engine_hang_timeout_s): it is hung; "
+            "killing it",
+            self._config.engine_hang_timeout_s,
+        )
+        self._process.kill()
 
     def _deliver(self, key: int, item: StepOutput | FinalError) -> None:
         with self._lock:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -164,6 +165,27 @@ def test_the_engine_process_death_fails_every_request_and_is_reported(
         assert sink.done.is_set() and sink.kind == BUSY  # UNAVAILABLE: the launcher restarts it
         assert sink.error == "the engine process died"
     process.stop()  # after a death: returns, and nothing more is sent
+
+
+def test_a_hung_engine_process_is_killed_and_fails_every_request(
+    config: LLMConfig, passage: list[int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stopped (SIGSTOP), the engine sends nothing, as a deadlocked one would: after
+    `engine_hang_timeout_s` the reader kills it, and its death takes the usual path."""
+    died = threading.Event()
+    process = EngineProcess(replace(config, engine_hang_timeout_s=1), on_death=died.set)
+    process.start()
+    sink = RecordingSink()
+    process.submit(long_request(passage[:8]), sink)
+    wait_for_tokens(sink)
+    assert process.pid is not None
+    engine = psutil.Process(process.pid)
+    os.kill(process.pid, signal.SIGSTOP)
+    assert died.wait(WAIT_S)
+    assert sink.done.is_set() and sink.kind == BUSY and sink.error == "the engine process died"
+    assert "it is hung; killing it" in caplog.text
+    engine.wait(WAIT_S)  # killed, not left stopped
+    process.stop()
 
 
 _ORPHAN = """

@@ -35,7 +35,12 @@ from tests.integration.openai_support import MODEL, held, sse_events, wait_for
 from tests.integration.proc import resident_kib
 from tests.streaming import Streamer
 
-PARAMETERS = {"max_model_len": "512", "max_num_seqs": "4"}
+HANG_TIMEOUT_S = 10  # engine_hang_timeout_s: generous, as a false hang would restart the stack
+PARAMETERS = {
+    "max_model_len": "512",
+    "max_num_seqs": "4",
+    "engine_hang_timeout_s": str(HANG_TIMEOUT_S),
+}
 QUICK = RestartPolicy(max_restarts=20, backoff_s=0.2, max_backoff_s=0.2, poll_interval_s=0.2)
 FAIL_FAST_S = 5.0  # the issue's bound on the stream's error and on /health/ready turning 503
 # Only ends the wait for a heal that never comes: a restart is a model load, whose time depends on
@@ -184,6 +189,34 @@ def test_a_killed_stub_fails_fast_reports_not_ready_and_heals(stack: Stack, mode
         f"\nkill -9 of {fault}: stream error in {errored_in:.2f} s, adapter not ready in "
         f"{unready_in:.2f} s, healed in {healed_in:.1f} s"
     )
+
+
+@pytest.mark.timeout(600)
+def test_a_hung_engine_is_killed_and_the_stack_heals(stack: Stack) -> None:
+    """Stopped (SIGSTOP), the engine process sends nothing, as a deadlocked one would, while
+    every process stays alive: after `engine_hang_timeout_s` the stub kills it, and the stack
+    heals as from a death."""
+    before = _completion(stack)
+    restarts = stack.restarts_metric()
+    with held(stack.server), stack.http.stream("POST", "/v1/completions", json=LONG) as stream:
+        lines = stream.iter_lines()
+        assert stream.status_code == 200
+        assert next(line for line in lines if line.startswith("data: "))
+        os.kill(stack.victim("engine"), signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        *_, error, done = sse_events(list(lines))
+        errored_in = time.monotonic() - stopped_at
+    assert done == "[DONE]"
+    assert error["error"]["type"] == "server_error", error
+    # Its last report came at most one gated iteration (10 ms) before the stop.
+    assert HANG_TIMEOUT_S - 1 < errored_in < HANG_TIMEOUT_S + FAIL_FAST_S, errored_in
+    assert wait_for(lambda: not stack.ready(), FAIL_FAST_S)  # the old server is going
+    assert wait_for(stack.healed, HEAL_BOUND_S), stack.server.log_tail()
+    assert _completion(stack) == before
+    assert stack.restarts_metric() == restarts + 1
+    assert stack.server.log_path is not None
+    assert "it is hung; killing it" in stack.server.log_path.read_text(errors="replace")
+    print(f"\na stopped engine: stream error in {errored_in:.2f} s")
 
 
 @pytest.mark.timeout(900)

@@ -691,11 +691,9 @@ class Engine:
             )
             if bans
         ]
-        together = " together" if len(banning) > 1 else ""
-        names = " and ".join(
-            [", ".join(banning[:-1]), banning[-1]] if len(banning) > 1 else banning
-        )
-        return f"{banning[0]}: no token fits: {names}{together} ban every id"
+        *first, last = banning
+        ban = f"{', '.join(first)} and {last} together ban" if first else f"{last} bans"
+        return f"{banning[0]}: no token fits: {ban} every id"
 
     def _advance(self, seq: _Sequence, token: int) -> tuple[str, str | None] | None:
         """One sampled token through the stop rules: its text and finish reason (the sequence

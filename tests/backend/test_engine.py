@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -143,6 +144,35 @@ def test_max_tokens_zero_answers_once_with_empty_rows_of_the_asked_width(
     table = token_bytes_table(tokenizer(model_dir), 1024)
     assert out.token_id_bytes == [table[1], table[2]]
     assert (out.prompt_tokens, out.completion_tokens) == (2, 0)
+
+
+@pytest.mark.parametrize(
+    ("grammar", "min_tokens", "allowed", "message"),
+    [
+        # A grammar alone bans every id where the vocabulary cannot spell what it needs.
+        (
+            True,
+            0,
+            [],
+            f"{contract.STRUCTURED_OUTPUT}: no token fits: "
+            f"{contract.STRUCTURED_OUTPUT} bans every id",
+        ),
+        (
+            True,
+            3,
+            [5],
+            f"{contract.STRUCTURED_OUTPUT}: no token fits: "
+            f"{contract.STRUCTURED_OUTPUT}, {contract.MIN_TOKENS} and {contract.ALLOWED_TOKEN_IDS} "
+            "together ban every id",
+        ),
+    ],
+)
+def test_no_token_fits_names_only_the_inputs_that_ban(
+    grammar: bool, min_tokens: int, allowed: list[int], message: str
+) -> None:
+    params = GenerationParams(prompt_ids=[1], min_tokens=min_tokens, allowed_token_ids=allowed)
+    seq = SimpleNamespace(matcher=object() if grammar else None, generated=0, params=params)
+    assert Engine._no_token_fits(seq) == message  # type: ignore[arg-type]
 
 
 def test_allowed_ids_that_min_tokens_all_bans_are_invalid(

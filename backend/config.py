@@ -30,6 +30,14 @@ def _parameters(model_config: dict[str, Any]) -> dict[str, str]:
     }
 
 
+def _integer(value: str, name: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        message = f"config.pbtxt parameter `{name}` must be an integer, got {value!r}"
+        raise ValueError(message) from None
+
+
 def _boolean(value: str, name: str) -> bool:
     lowered = value.strip().lower()
     if lowered not in ("true", "false", "1", "0"):
@@ -132,19 +140,29 @@ class LLMConfig:
             if types[field.name] is bool:
                 values[field.name] = _boolean(raw, field.name)
             elif types[field.name] is int:
-                try:
-                    values[field.name] = int(raw)
-                except ValueError:
-                    raise ValueError(
-                        f"config.pbtxt parameter `{field.name}` must be an integer, got {raw!r}"
-                    ) from None
+                values[field.name] = _integer(raw, field.name)
             else:
                 values[field.name] = raw
         return cls(model_path=resolve_model_path(params["model_path"], model_repository), **values)
 
 
-def preprocessing_model_path(model_config: dict[str, Any], model_repository: str) -> str:
-    params = _parameters(model_config)
-    if not params.get("model_path"):
-        raise ValueError("config.pbtxt parameter `model_path` is required")
-    return resolve_model_path(params["model_path"], model_repository)
+@dataclass(frozen=True)
+class PreprocessingConfig:
+    """`preprocessing`'s parameters."""
+
+    model_path: str
+    max_model_len: int = 0
+    """The context `llm` serves (the launcher writes the same value into both), which bounds a
+    prompt's text before it is tokenized; 0 = the model's own."""
+
+    @classmethod
+    def from_model_config(
+        cls, model_config: dict[str, Any], model_repository: str
+    ) -> PreprocessingConfig:
+        params = _parameters(model_config)
+        if not params.get("model_path"):
+            raise ValueError("config.pbtxt parameter `model_path` is required")
+        max_model_len = _integer(params.get("max_model_len", "").strip() or "0", "max_model_len")
+        if max_model_len < 0:
+            raise ValueError(f"max_model_len must be >= 0, got {max_model_len}")
+        return cls(resolve_model_path(params["model_path"], model_repository), max_model_len)

@@ -17,6 +17,7 @@ from backend.chat_template import (
     reads_content_parts,
     template_variables,
 )
+from backend.context_length import served_context_length
 from backend.contract import (
     ADD_GENERATION_PROMPT,
     CHAT_TEMPLATE_KWARGS,
@@ -66,11 +67,17 @@ def _messages(value: np.ndarray, *, as_parts: bool) -> list[dict]:
 
 
 class Preprocessor:
-    def __init__(self, model_path: str) -> None:
+    def __init__(self, model_path: str, max_model_len: int = 0) -> None:
+        """`max_model_len`: the context `llm` serves (0: the model's own)."""
         self.tokenizer = load_tokenizer(model_path)
         config = AutoConfig.from_pretrained(model_path)
         self.vocab_size = int(config.get_text_config().vocab_size)
         self._token_bytes = token_bytes_table(self.tokenizer, self.vocab_size)
+        self.max_model_len = served_context_length(config, max_model_len)
+        # No token covers more characters than its bytes: a longer text cannot fit the context,
+        # and is refused before it is tokenized, as vLLM does (`max_chars_per_token`).
+        self._longest_token = max(map(len, self._token_bytes))
+        self.max_prompt_chars = self.max_model_len * self._longest_token
         self._content_as_parts = reads_content_parts(self.tokenizer.chat_template)
         self._template_variables = template_variables(self.tokenizer.chat_template)
 
@@ -191,5 +198,14 @@ class Preprocessor:
                 raise InvalidInputError(MESSAGES, f"the chat template refused them: {exc}") from exc
             prompt = str(rendered)  # tokenize=False: the template's text
             add = bool(add_special_tokens)
+        if len(prompt) > self.max_prompt_chars:
+            # A tokenizer takes seconds for megabytes, and this model's one instance would hold
+            # every other prompt behind it meanwhile (an audit: a chat request took 6 s).
+            raise InvalidInputError(
+                TEXT_INPUT if text is not None else MESSAGES,
+                f"the prompt has {len(prompt)} characters, more than this model's maximum "
+                f"context length of {self.max_model_len} tokens can hold: at most "
+                f"{self.max_prompt_chars} ({self._longest_token} a token at most)",
+            )
         ids = self.tokenizer(prompt, add_special_tokens=add)["input_ids"]
         return np.asarray(ids, dtype=np.int32)

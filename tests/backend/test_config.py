@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from backend.config import LLMConfig, preprocessing_model_path, resolve_model_path
+from backend.config import LLMConfig, PreprocessingConfig, resolve_model_path
 
 
 def model_config(**parameters: str) -> dict[str, Any]:
@@ -21,10 +21,10 @@ def test_a_relative_model_path_is_relative_to_the_repository_folder(tmp_path: Pa
     )
     assert config.model_path == str((tmp_path / "serving" / "models" / "tiny").resolve())
     assert (
-        preprocessing_model_path(
+        PreprocessingConfig.from_model_config(
             model_config(model_path="../models/tiny"),
             str(tmp_path / "serving" / "model_repository" / "preprocessing"),
-        )
+        ).model_path
         == config.model_path
     )
 
@@ -119,4 +119,13 @@ def test_model_path_is_required(config: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match="model_path"):
         LLMConfig.from_model_config(config, "/r/llm")
     with pytest.raises(ValueError, match="model_path"):
-        preprocessing_model_path(config, "/r/preprocessing")
+        PreprocessingConfig.from_model_config(config, "/r/preprocessing")
+
+
+@pytest.mark.parametrize(("value", "message"), [("-1", "must be >= 0"), ("8k", "an integer")])
+def test_preprocessing_s_max_model_len_is_checked(value: str, message: str) -> None:
+    config = model_config(model_path="/m", max_model_len=value)
+    with pytest.raises(ValueError, match=message):
+        PreprocessingConfig.from_model_config(config, "/r/preprocessing")
+    config = model_config(model_path="/m", max_model_len="300")
+    assert PreprocessingConfig.from_model_config(config, "/r/preprocessing").max_model_len == 300

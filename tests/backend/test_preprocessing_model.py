@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -228,3 +229,62 @@ def test_a_chat_template_s_refusal_is_invalid_arg(
         "MESSAGES: the chat template refused them: Conversation roles must alternate "
         "user/assistant/user/assistant"
     )
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_text_longer_than_the_context_can_hold_is_refused_untokenized(
+    import_model: Callable[[str], ModuleType],
+    model_args: Callable[..., dict[str, str]],
+    pb_utils: ModuleType,
+    model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    chat: bool,
+) -> None:
+    """max_model_len x the vocabulary's longest token (in bytes, at least its characters):
+    a longer text cannot fit, and is not tokenized, as vLLM refuses it (a tokenizer takes
+    seconds for megabytes, while this model's one instance holds every other prompt)."""
+    model = import_model("preprocessing").TritonPythonModel()
+    model.initialize(model_args("preprocessing", decoupled=None, max_model_len="8"))
+    vocabulary = tokenizer(model_dir)
+    longest = max(
+        len(vocabulary.convert_tokens_to_string([piece]).encode())
+        for piece in vocabulary.convert_ids_to_tokens(list(range(len(vocabulary))))
+    )
+    preprocessor = model.preprocessor
+    assert (preprocessor.max_model_len, preprocessor.max_prompt_chars) == (8, 8 * longest)
+    rendered = len(
+        preprocessor.tokenizer.apply_chat_template(
+            [{"role": "user", "content": ""}], tokenize=False, add_generation_prompt=True
+        )
+    )
+    room = preprocessor.max_prompt_chars - (rendered if chat else 0)
+
+    def request(length: int) -> FakeRequest:
+        if chat:
+            content = json.dumps([{"role": "user", "content": "a" * length}])
+            return FakeRequest({MESSAGES: string(content)})
+        return FakeRequest({TEXT_INPUT: string("a" * length)})
+
+    fits, refused = model.execute([request(room), request(room + 1)])
+    assert len(ids_of(fits)) > 8  # it fits the bound, not the context: llm refuses it later
+    assert refused.error().code() == pb_utils.TritonError.INVALID_ARG
+    characters = preprocessor.max_prompt_chars + 1
+    assert refused.error().message() == (
+        f"{MESSAGES if chat else TEXT_INPUT}: the prompt has {characters} characters, more than "
+        f"this model's maximum context length of 8 tokens can hold: at most {8 * longest} "
+        f"({longest} a token at most)"
+    )
+    calls: list[str] = []
+
+    class Recording:  # the tokenizer, its calls recorded
+        def __getattr__(self, name: str) -> Any:
+            return getattr(vocabulary, name)
+
+        def __call__(self, text: str, **kwargs: Any) -> Any:
+            calls.append(text)
+            return vocabulary(text, **kwargs)
+
+    monkeypatch.setattr(preprocessor, "tokenizer", Recording())
+    fits, refused = model.execute([request(room), request(room + 1)])
+    assert refused.error().code() == pb_utils.TritonError.INVALID_ARG
+    assert len(calls) == 1 and len(calls[0]) == preprocessor.max_prompt_chars

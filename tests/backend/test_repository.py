@@ -53,7 +53,11 @@ def test_write_repository_sets_values_in_every_model(tmp_path: Path) -> None:
         "max_num_seqs": "3",
         "max_logprob_token_ids": "77",
     }
-    assert config_parameters("preprocessing", dest) == {"model_path": str(model.resolve())}
+    # The folder has no config.json: the context stays the template's (the model's own).
+    assert config_parameters("preprocessing", dest) == {
+        "model_path": str(model.resolve()),
+        "max_model_len": "0",
+    }
     # Everything but the parameter values is copied as is.
     copied = snapshot(dest)
     assert set(copied) == set(template_before)
@@ -84,10 +88,15 @@ def test_a_relative_model_path_is_made_absolute(
 
 def test_the_served_context_is_written_for_clients(tmp_path: Path) -> None:
     """The adapter reads `max_model_len` from the config: the context the engine will hold,
-    whatever the model's config calls it (GPT-2: `n_positions`)."""
+    whatever the model's config calls it (GPT-2: `n_positions`); `preprocessing` bounds a
+    prompt's text by the same."""
     GPT2Config(n_positions=300).save_pretrained(tmp_path / "m")
+    dest = write_repository(tmp_path / "repo", tmp_path / "m", {"max_model_len": "200"})
+    assert config_parameters("llm", dest)["max_model_len"] == "200"
+    assert config_parameters("preprocessing", dest)["max_model_len"] == "200"
     dest = write_repository(tmp_path / "repo", tmp_path / "m")
     assert config_parameters("llm", dest)["max_model_len"] == "300"
+    assert config_parameters("preprocessing", dest)["max_model_len"] == "300"
     with pytest.raises(ValueError, match="max_model_len 301 is more than this model serves: 300"):
         write_repository(tmp_path / "repo", tmp_path / "m", {"max_model_len": "301"})
 
@@ -117,4 +126,4 @@ def test_unknown_parameters_are_refused_and_nothing_is_written(tmp_path: Path) -
 def test_known_parameters_are_the_templates() -> None:
     assert known_parameters("llm") == set(config_parameters("llm"))
     assert {"model_path", "max_num_seqs", "max_logprobs"} <= known_parameters("llm")
-    assert known_parameters("preprocessing") == {"model_path"}
+    assert known_parameters("preprocessing") == {"model_path", "max_model_len"}

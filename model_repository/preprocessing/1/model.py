@@ -5,7 +5,7 @@ import json
 
 import triton_python_backend_utils as pb_utils
 
-from backend.config import preprocessing_model_path
+from backend.config import PreprocessingConfig
 from backend.contract import (
     ADD_GENERATION_PROMPT,
     ADD_SPECIAL_TOKENS,
@@ -33,9 +33,8 @@ def _flag(request, name: str) -> bool | None:
 class TritonPythonModel:
     def initialize(self, args) -> None:
         model_config = json.loads(args["model_config"])
-        self.preprocessor = Preprocessor(
-            preprocessing_model_path(model_config, args["model_repository"])
-        )
+        config = PreprocessingConfig.from_model_config(model_config, args["model_repository"])
+        self.preprocessor = Preprocessor(config.model_path, config.max_model_len)
 
     def execute(self, requests):
         responses = []

@@ -7,7 +7,6 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from adapter.settings import AdapterSettings
 from backend.processes import ChildProcess, free_port
 
 NICE = 10
@@ -84,6 +83,9 @@ class AdapterServer(ChildProcess):
         """Its drain (`--drain-timeout-s`, from `options` or ADAPTER_DRAIN_TIMEOUT_S, as the
         adapter reads it) and uvicorn's 5 s shutdown after it, with 5 s to spare: it is killed
         only once its requests had their drain."""
+        # Imported here: the Triton image runs the launcher without the adapter's package.
+        from adapter.settings import AdapterSettings
+
         known = {k: v for k, v in self.options.items() if k in AdapterSettings.model_fields}
         return AdapterSettings.model_validate(known).drain_timeout_s + 10.0
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests.deploy.tools import DOCKER_DIR, REPO_ROOT, run, tool
 
@@ -211,3 +213,42 @@ def test_the_adapter_image_installs_no_engine_dependency() -> None:
             names.add(requirement.name)
     assert names.isdisjoint({"torch", "transformers", "tokenizers", "triton", "nvidia-pytriton"})
     assert {"fastapi", "uvicorn", "tritonclient", "numpy"} <= names
+
+
+def _closure(names: set[str]) -> set[str]:
+    """The installed distributions `names` pull in, themselves included (no extras)."""
+    found: set[str] = set()
+    todo = list(names)
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in found:
+            continue
+        found.add(name)
+        for line in importlib.metadata.requires(name) or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(requirement.name)
+    return found
+
+
+def test_the_triton_images_import_check_needs_only_what_it_installs() -> None:
+    """The build's own check (`import backend.launcher, kernels`) run here with everything the
+    image lacks made unimportable: the project's folders it does not copy (the adapter), and the
+    project's dependencies that requirements-triton.txt does not pull in. A launcher importing
+    the adapter's settings broke the image once (an audit)."""
+    dockerfile = (DOCKER_DIR / "triton.Dockerfile").read_text()
+    [check] = re.findall(r"python3 -c '(import numpy, torch[^']*)'", dockerfile)
+    copied = {source.strip("/") for source in copy_sources(DOCKER_DIR / "triton.Dockerfile")}
+    packages = {p.name for p in REPO_ROOT.iterdir() if (p / "__init__.py").is_file()}
+    installed = _closure({r.name for r in _requirements(DOCKER_DIR / "requirements-triton.txt")})
+    missing = {canonicalize_name(name) for name in _pyproject_dependencies()} - installed
+    modules = {
+        module
+        for module, distributions in importlib.metadata.packages_distributions().items()
+        if {canonicalize_name(d) for d in distributions} <= missing
+    }
+    assert "adapter" in packages - copied and "fastapi" in modules  # the check can fail
+    blocked = sorted((packages - copied) | modules)
+    code = f"import sys\nfor name in {blocked!r}:\n    sys.modules[name] = None\n{check}"
+    result = run([sys.executable, "-c", code])
+    assert result.returncode == 0, result.stderr[-3000:]

@@ -214,3 +214,19 @@ def test_triton_scales_on_the_engines_queue_and_sequences(resources: dict) -> No
         assert metric["metric"]["selector"] == {"matchLabels": {"model": "llm"}}
         assert metric["target"]["type"] == "AverageValue"
     assert 1 <= hpa["minReplicas"] < hpa["maxReplicas"]
+
+
+def test_no_service_becomes_a_setting(resources: dict) -> None:
+    """With service links on, the kubelet gives every pod `<SERVICE>_PORT=tcp://<ip>:<port>` and
+    more for each Service in the namespace: for the Service `adapter` that is ADAPTER_PORT,
+    which the adapter reads as its port (`ADAPTER_` settings) and refuses, crash-looping (an
+    audit). The pods turn the links off."""
+    from adapter.settings import AdapterSettings
+
+    prefix = AdapterSettings.model_config["env_prefix"]
+    services = [name for kind, name in resources if kind == "Service"]
+    assert any(name.upper().replace("-", "_") + "_" == prefix for name in services)
+    for kind, name in resources:
+        if kind == "Deployment":
+            spec = resources[(kind, name)]["spec"]["template"]["spec"]
+            assert spec.get("enableServiceLinks") is False, name

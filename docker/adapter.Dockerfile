@@ -4,7 +4,7 @@
 # repository root:
 #   docker build -f docker/adapter.Dockerfile -t triton-logprobs/adapter .
 #   docker run -p 9000:9000 -e ADAPTER_TRITON_URL=triton-host:8001 triton-logprobs/adapter
-# Settings are the adapter's ADAPTER_* variables (README "The OpenAI adapter") or its flags.
+# Settings are the adapter's ADAPTER_* variables (docs/configuration.md) or its flags.
 #
 # python:3.11: the Python the test suite runs on, and one that numpy 1.26.4 (pyproject.toml's
 # numpy<2) has wheels for. Pin the digest too (python:3.11-slim-bookworm@sha256:...) for builds

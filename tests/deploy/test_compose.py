@@ -100,7 +100,7 @@ def test_health_checks_and_start_order() -> None:
     assert "http://127.0.0.1:8000/v2/health/ready" in triton_check
     assert "http://127.0.0.1:9000/health/ready" in adapter_check
     # Building the default model and loading a model take minutes on a first start.
-    assert services["triton"]["healthcheck"]["start_period"] in ("10m", "10m0s")
+    assert services["triton"]["healthcheck"]["start_period"] in ("15m", "15m0s")
     assert services["adapter"]["depends_on"]["triton"]["condition"] == "service_healthy"
     assert services["adapter"]["environment"]["ADAPTER_TRITON_URL"] == "triton:8001"
 

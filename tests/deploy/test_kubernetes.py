@@ -5,12 +5,16 @@ deploy/README.md describes (GPU requests, probes, headless Service, autoscaler o
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.deploy.tools import DEPLOY_DIR, REPO_ROOT, run, tool
+from backend.supervisor import RestartPolicy
+from tests.deploy.tools import DEPLOY_DIR, DOCKER_DIR, REPO_ROOT, run, tool
+
+ENTRYPOINT = DOCKER_DIR / "triton-entrypoint.sh"
 
 # The newest Kubernetes whose schemas kubernetes-validate 1.37 ships.
 KUBERNETES_VERSION = "1.37.0"
@@ -153,12 +157,18 @@ def test_triton_probes(resources: dict) -> None:
         "livenessProbe": ("/v2/health/live", 8000),
     }
     startup = triton["startupProbe"]
-    # Room for building the default model and loading a large one before liveness applies.
-    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
-    # Room for the launcher to restart a faulty tritonserver (backend.supervisor) before the
-    # kubelet restarts the container; the readiness probe notices within 10 s.
+    # Room for building the default model and loading a large one before liveness applies, as
+    # long as the entrypoint's launcher waits for it.
+    [ready_timeout] = re.findall(r"READY_TIMEOUT_S:-(\d+)", ENTRYPOINT.read_text())
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= int(ready_timeout)
+    # Room for the launcher to restart a faulty tritonserver (backend.supervisor: a backoff,
+    # then a load of up to the ready timeout) before the kubelet restarts the container; the
+    # readiness probe notices within 10 s.
     liveness, readiness = triton["livenessProbe"], triton["readinessProbe"]
-    assert liveness["periodSeconds"] * liveness["failureThreshold"] >= 300
+    max_backoff = RestartPolicy().max_backoff_s
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] >= max_backoff + int(
+        ready_timeout
+    )
     assert readiness["periodSeconds"] * readiness["failureThreshold"] <= 10
 
 

@@ -309,6 +309,19 @@ def test_container_entrypoint_builds_the_default_model_into_an_empty_volume(
         )
 
 
+def test_container_entrypoint_refuses_a_model_path_that_does_not_exist(tmp_path: Path) -> None:
+    """A typo in MODEL_PATH, or a volume not mounted: an error at once, and nothing written
+    there (the default model used to be built into the mistyped folder and served)."""
+    missing = tmp_path / "models" / "Qwen2.5-0.5B-lnstruct"
+    env = {**os.environ, "MODEL_PATH": str(missing), "TRITONSERVER": "/nonexistent"}
+    result = subprocess.run(
+        [str(ENTRYPOINT)], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 2
+    assert f"MODEL_PATH {missing} does not exist: mount a model folder there" in result.stderr
+    assert not (tmp_path / "models").exists()
+
+
 @pytest.mark.timeout(420)
 def test_children_die_with_a_killed_launcher(model_dir: Path, tmp_path: Path) -> None:
     """SIGTERM, then SIGKILL during the shutdown, as an impatient supervisor does: tritonserver,

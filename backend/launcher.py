@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -24,13 +25,21 @@ from types import FrameType
 from backend import adapter_server, default_model
 from backend.adapter_server import AdapterServer
 from backend.model_folder import check_model_folder
-from backend.processes import ChildProcess
+from backend.processes import ChildProcess, port_in_use
 from backend.repository import known_parameters, write_repository
 from backend.supervisor import RestartPolicy, Supervisor
 from backend.tritonserver import TritonServer
 
 logger = logging.getLogger("launcher")
 RUN_DIR = default_model.REPO_ROOT / ".cache" / "run"
+
+
+def port_number(value: str) -> int:
+    """A TCP port, 0 included (a free one, or no adapter); an int beyond 65535 would wrap."""
+    port = int(value)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port: 0-65535")
+    return port
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,9 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Hugging Face causal-LM folder (default: build the default model)",
     )
     add("--host", default="127.0.0.1", help="address tritonserver binds (default: loopback only)")
-    add("--http-port", type=int, default=8000)
-    add("--grpc-port", type=int, default=8001)
-    add("--metrics-port", type=int, default=8002)
+    add("--http-port", type=port_number, default=8000)
+    add("--grpc-port", type=port_number, default=8001)
+    add("--metrics-port", type=port_number, default=8002)
     add(
         "--tritonserver",
         type=Path,
@@ -67,7 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"llm config parameter, one of {sorted(known_parameters() - {'model_path'})}",
     )
     add("--adapter-host", default="0.0.0.0", help="address the OpenAI adapter binds")
-    add("--adapter-port", type=int, default=9000, help="0 = do not start the adapter")
+    add("--adapter-port", type=port_number, default=9000, help="0 = do not start the adapter")
     add(
         "--adapter-nice",
         type=int,
@@ -115,10 +124,27 @@ def _parameters(pairs: list[str]) -> dict[str, str]:
     return values
 
 
+def check_ports(args: argparse.Namespace) -> None:
+    """Fails at once where a port is taken: tritonserver would fail to bind it only after its
+    models loaded, and meanwhile the other server's health URL answered for it, so the launcher
+    announced a server that was not its own (a deploy audit)."""
+    ports = [
+        ("--http-port", args.host, args.http_port),
+        ("--grpc-port", args.host, args.grpc_port),
+        ("--metrics-port", args.host, args.metrics_port),
+        ("--adapter-port", args.adapter_host, args.adapter_port),
+    ]
+    for flag, host, port in ports:
+        if port and port_in_use(host, port):
+            raise SystemExit(f"cannot serve: {flag} {port} is in use on {host}")
+
+
 def build_server(args: argparse.Namespace) -> TritonServer:
     parameters = _parameters(args.set)
     if "model_path" in parameters:
         raise SystemExit("--set model_path: give the model with --model-path")
+    if args.tritonserver is not None and not os.access(args.tritonserver, os.X_OK):
+        raise SystemExit(f"--tritonserver {args.tritonserver}: no such executable")
     model_path = args.model_path or default_model.ensure()
     try:  # bad values fail here, in a second, rather than in the model's load
         check_model_folder(model_path)
@@ -179,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop_signal_handler(stop, processes))
     started = time.monotonic()
+    check_ports(args)
     try:
         server = build_server(args)  # building the default model takes a while
     except KeyboardInterrupt:

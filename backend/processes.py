@@ -8,6 +8,7 @@ they are short (docs/design.md, "The adapter's CPU priority")."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -51,6 +52,24 @@ def _reserved_port() -> int:
 
 def free_port() -> int:
     return free_ports(1)[0]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something listens on `port` at `host` already: tritonserver or uvicorn would fail
+    to bind it, while the other server's health URL answered for them. Bound as they bind it
+    (SO_REUSEADDR), so a port left in TIME_WAIT (`free_ports`) is free."""
+    family, kind, _, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    with socket.socket(family, kind) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return True
+            raise
+    return False
 
 
 def lower_priority(pid: int, nice: int) -> None:

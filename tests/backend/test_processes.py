@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from backend.adapter_server import AdapterServer
-from backend.launcher import build_adapter, parse_args, stop_signal_handler
-from backend.processes import ChildProcess, free_port, free_ports
+from backend.launcher import build_adapter, build_server, parse_args, stop_signal_handler
+from backend.launcher import main as launcher_main
+from backend.processes import ChildProcess, free_port, free_ports, port_in_use
 from tests.integration.openai_support import wait_for
 
 # Prints the niceness of a thread it starts, then its session group's line (if any).
@@ -158,3 +159,42 @@ def test_ctrl_c_twice_before_any_child_started_ends_the_launcher() -> None:
     handle(signal.SIGINT, None)
     with pytest.raises(KeyboardInterrupt):
         handle(signal.SIGINT, None)
+
+
+def test_a_port_another_server_holds_stops_the_launcher_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    """tritonserver would fail to bind it only after loading its models, while the other
+    server's health URL answered for it: the launcher announced a server not its own."""
+    held, reserved = free_ports(2)
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        other.bind(("127.0.0.1", held))
+        other.listen()
+        assert port_in_use("127.0.0.1", held)
+        assert port_in_use("0.0.0.0", held)  # the adapter's default host
+        assert not port_in_use("127.0.0.1", reserved)  # TIME_WAIT: a server may bind it
+        args = ["--run-dir", str(tmp_path), "--grpc-port", str(held), "--adapter-port", "0"]
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            with pytest.raises(SystemExit, match=f"cannot serve: --grpc-port {held} is in use"):
+                launcher_main(["--model-path", str(tmp_path / "not built"), *args])
+        finally:  # main's own handlers go with it
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+    assert not (tmp_path / "model_repository").exists()
+
+
+@pytest.mark.parametrize("flag", ["--http-port", "--adapter-port"])
+def test_a_port_out_of_range_is_refused(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """An int past 65535 wraps where tritonserver binds it (70000 -> 4464)."""
+    with pytest.raises(SystemExit):
+        parse_args([flag, "70000"])
+    assert "70000 is not a port: 0-65535" in capsys.readouterr().err
+    assert parse_args([flag, "0"]).__dict__[flag[2:].replace("-", "_")] == 0
+
+
+def test_a_tritonserver_that_is_no_executable_is_refused(tmp_path: Path) -> None:
+    args = parse_args(["--tritonserver", str(tmp_path / "nonexistent"), "--run-dir", str(tmp_path)])
+    with pytest.raises(SystemExit, match=r"--tritonserver .*nonexistent: no such executable"):
+        build_server(args)

@@ -240,3 +240,16 @@ def test_no_service_becomes_a_setting(resources: dict) -> None:
         if kind == "Deployment":
             spec = resources[(kind, name)]["spec"]["template"]["spec"]
             assert spec.get("enableServiceLinks") is False, name
+
+
+def test_the_adapter_has_its_drain_before_it_is_killed(resources: dict) -> None:
+    """After the preStop sleep the adapter drains its streams for `drain_timeout_s`, then
+    uvicorn shuts down: the grace period leaves it that and the launcher's 10 s margin, or the
+    kubelet kills streams before their error event and [DONE] (an audit)."""
+    from adapter.settings import AdapterSettings
+
+    spec = resources[("Deployment", "adapter")]["spec"]["template"]["spec"]
+    pre_stop = container(resources[("Deployment", "adapter")])["lifecycle"]["preStop"]
+    drain = AdapterSettings.model_fields["drain_timeout_s"].default
+    grace = spec["terminationGracePeriodSeconds"]
+    assert grace >= pre_stop["sleep"]["seconds"] + drain + 10

@@ -74,6 +74,12 @@ class OpenAIServingGenerativeScoring(OpenAIServing):
             )
             for item in items
         ]
+        for i, params in enumerate(choices):
+            if not params.prompt_ids:  # the model's own message would name its inputs
+                raise InvalidRequestError(
+                    f"items[{i}]: the query and the item hold no token ids together.",
+                    parameter=f"items[{i}]",
+                )
         fields = {**self.tensor_params, contract.LOGPROB_TOKEN_IDS: label_param}
         # An item's own fault (its prompt too long, an id outside the vocabulary) names it.
         outputs = await gather_all(

@@ -166,6 +166,19 @@ def test_an_item_s_fault_names_the_item(engine: FakeEngine, client: TestClient) 
     assert (error["param"], error["message"]) == ("items[1]", "items[1]: the prompt has 70 tokens")
 
 
+def test_an_empty_query_and_item_is_a_400_naming_the_item(
+    engine: FakeEngine, client: TestClient
+) -> None:
+    """Before any model request: the model's message would speak of its inputs."""
+    body = {"query": [], "items": [[7], []], "label_token_ids": [20]}
+    error = client.post(URL, json=body).json()["error"]
+    assert (error["param"], error["message"]) == (
+        "items[1]",
+        "items[1]: the query and the item hold no token ids together.",
+    )
+    assert engine.requests == []
+
+
 def test_more_items_than_the_engine_holds_are_400(engine: FakeEngine, client: TestClient) -> None:
     """A "server busy" 503 would come back on every retry."""
     engine.info = replace(engine.info, max_num_seqs=1, max_queue_size=1)

@@ -121,6 +121,8 @@ class TritonServer(ChildProcess):
         self.tritonserver = tritonserver
         self.backend_directory = backend_directory
         self.stubs: list[BackendStub] = []
+        self.shm_regions: set[str] = set()
+        """The regions of every stub seen since the start, also of a start that failed."""
 
     @property
     def http_url(self) -> str:
@@ -160,10 +162,21 @@ class TritonServer(ChildProcess):
             command.append(f"--backend-directory={backends}")
         return command
 
+    def is_ready(self) -> bool:
+        """Ready, noting the stubs started so far: a server that fails after loading its models
+        (a port taken) leaves their regions in /dev/shm, which in a pod outlive the container."""
+        if self.pid is not None:
+            self._note_regions(backend_stubs(self.pid))
+        return super().is_ready()
+
+    def _note_regions(self, stubs: list[BackendStub]) -> None:
+        self.shm_regions.update(stub.shm_region for stub in stubs if stub.shm_region)
+
     def became_ready(self) -> None:
         """Every model is loaded, so every stub runs: remember them."""
         assert self.pid is not None
         self.stubs = backend_stubs(self.pid)
+        self._note_regions(self.stubs)
         logger.info(
             "backend stubs: %s",
             ", ".join(f"{stub.model} (pid {stub.process.pid})" for stub in self.stubs),
@@ -177,12 +190,12 @@ class TritonServer(ChildProcess):
 
     def stopped(self) -> None:
         """Removes the stubs' shared-memory regions that a killed server could not."""
-        for stub in self.stubs:
-            if stub.shm_region is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    (SHM_DIR / stub.shm_region).unlink()
-                    logger.info("removed %s left by the stopped server", stub.shm_region)
+        for region in sorted(self.shm_regions):
+            with contextlib.suppress(FileNotFoundError):
+                (SHM_DIR / region).unlink()
+                logger.info("removed %s left by the stopped server", region)
         self.stubs = []
+        self.shm_regions = set()
 
     def env(self) -> dict[str, str]:
         env = super().env()

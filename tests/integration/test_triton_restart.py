@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 from backend.adapter_server import AdapterServer
 from backend.processes import free_ports
 from backend.repository import write_repository
-from backend.tritonserver import TritonServer
+from backend.tritonserver import SHM_DIR, TritonServer
 from tests.conftest import GATED_LLM
 from tests.integration.openai_support import MODEL, held, sse_events, wait_for
 
@@ -100,3 +101,28 @@ def test_triton_killed_mid_stream_then_back(own_triton, tmp_path: Path) -> None:
             f"\ntriton kill -9: {STREAMS} open streams ended in {ended_in:.2f} s with an error "
             f"event and [DONE]; adapter ready {reconnected_in:.2f} s after Triton was back"
         )
+
+
+@pytest.mark.timeout(300)
+def test_a_server_that_fails_after_loading_its_models_leaves_no_shared_memory(
+    own_triton, tmp_path: Path
+) -> None:
+    """Its gRPC port held by another socket: tritonserver loads the models (their stubs create
+    their regions), fails to bind, and exits, leaving the regions in /dev/shm, which in a pod
+    outlive a crash-looping container (an audit). Those seen while it started are removed."""
+    repository, (http, grpc, metrics) = own_triton
+    server = TritonServer(repository, http, grpc, metrics, log_path=tmp_path / "triton.log")
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the port is in TIME_WAIT
+        other.bind(("127.0.0.1", grpc))
+        other.listen()
+        server.start()
+        try:
+            with pytest.raises(RuntimeError, match="tritonserver exited"):
+                server.wait_ready(240)
+        finally:
+            regions = set(server.shm_regions)
+            server.stop()
+    assert "already in use" in server.log_path.read_text()
+    assert regions, "no stub was seen while the server started"
+    assert not [region for region in regions if (SHM_DIR / region).exists()]

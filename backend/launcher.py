@@ -134,6 +134,8 @@ def check_ports(args: argparse.Namespace) -> None:
         ("--metrics-port", args.host, args.metrics_port),
         ("--adapter-port", args.adapter_host, args.adapter_port),
     ]
+    if ":" in args.host:  # tritonserver joins host and port with ":", which gRPC cannot parse
+        raise SystemExit(f"--host {args.host}: tritonserver binds IPv4 addresses and names only")
     for flag, host, port in ports:
         if port and port_in_use(host, port):
             raise SystemExit(f"cannot serve: {flag} {port} is in use on {host}")

@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 
 from backend.adapter_server import AdapterServer
-from backend.launcher import build_adapter, build_server, parse_args, stop_signal_handler
+from backend.launcher import (
+    build_adapter,
+    build_server,
+    check_ports,
+    parse_args,
+    stop_signal_handler,
+)
 from backend.launcher import main as launcher_main
 from backend.processes import ChildProcess, free_port, free_ports, port_in_use
 from tests.integration.openai_support import wait_for
@@ -198,3 +204,10 @@ def test_a_tritonserver_that_is_no_executable_is_refused(tmp_path: Path) -> None
     args = parse_args(["--tritonserver", str(tmp_path / "nonexistent"), "--run-dir", str(tmp_path)])
     with pytest.raises(SystemExit, match=r"--tritonserver .*nonexistent: no such executable"):
         build_server(args)
+
+
+def test_an_ipv6_host_for_tritonserver_is_refused() -> None:
+    """tritonserver 2.51 joins `--grpc-address` and the port with ":": `:::8001` fails as
+    "already in use" after the models load."""
+    with pytest.raises(SystemExit, match="--host ::: tritonserver binds IPv4 addresses"):
+        check_ports(parse_args(["--host", "::", "--adapter-port", "0"]))

@@ -166,8 +166,22 @@ def build_server(args: argparse.Namespace) -> TritonServer:
 
 
 def build_adapter(args: argparse.Namespace, server: TritonServer) -> AdapterServer | None:
+    """The adapter, its settings (flags, and ADAPTER_* variables) checked before tritonserver
+    starts: a bad one would stop it only once the model had loaded."""
     if not args.adapter_port:
         return None
+    from pydantic import ValidationError
+
+    from adapter.settings import AdapterSettings  # not in the Triton image, which serves no adapter
+
+    try:
+        AdapterSettings(host=args.adapter_host, port=args.adapter_port, triton_url=server.grpc_url)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, error['loc']))}: {error['msg']}" for error in exc.errors()
+        )
+        message = f"cannot start the adapter (its flags or ADAPTER_* variables): {problems}"
+        raise SystemExit(message) from None
     return AdapterServer(
         triton_url=server.grpc_url,
         host=args.adapter_host,

@@ -211,3 +211,15 @@ def test_an_ipv6_host_for_tritonserver_is_refused() -> None:
     "already in use" after the models load."""
     with pytest.raises(SystemExit, match="--host ::: tritonserver binds IPv4 addresses"):
         check_ports(parse_args(["--host", "::", "--adapter-port", "0"]))
+
+
+def test_a_bad_adapter_setting_stops_the_launcher_before_tritonserver(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An ADAPTER_* variable the adapter refuses would stop it only once the model loaded."""
+    triton = type("Triton", (), {"grpc_url": "127.0.0.1:1"})()
+    monkeypatch.setenv("ADAPTER_MAX_N", "0")
+    with pytest.raises(SystemExit, match=r"cannot start the adapter .*: max_n: Input should be"):
+        build_adapter(parse_args([]), triton)  # type: ignore[arg-type]
+    monkeypatch.delenv("ADAPTER_MAX_N")
+    assert build_adapter(parse_args([]), triton) is not None  # type: ignore[arg-type]

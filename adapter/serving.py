@@ -263,23 +263,14 @@ class OpenAIServing:
             )
 
     @staticmethod
-    def check_prompt_length(
-        tokens: int, info: ModelInfo, parameter: str, prompt: str, *, generates: bool = True
-    ) -> None:
-        """A prompt of `tokens` that leaves no room for a token to generate (`llm`'s error,
-        given before any model request starts), or that does not fit the context at all where
-        nothing `generates` (/tokenize, as in vLLM); `prompt` names it in the message."""
+    def check_prompt_length(tokens: int, info: ModelInfo, parameter: str, prompt: str) -> None:
+        """A prompt of `tokens` that leaves no room for a token to generate: `llm`'s error,
+        given before any model request starts (`prompt` names it in the message)."""
         limit = info.max_model_len
-        if limit is not None and generates and tokens >= limit:
+        if limit is not None and tokens >= limit:
             raise InvalidRequestError(
                 f"{parameter}: {prompt} has {tokens} tokens, this model's maximum context length "
                 f"is {limit} tokens: at most {limit - 1} leave room for a token to generate.",
-                parameter=parameter,
-            )
-        if limit is not None and tokens > limit:
-            raise InvalidRequestError(
-                f"{parameter}: {prompt} has {tokens} tokens, more than this model's maximum "
-                f"context length of {limit} tokens.",
                 parameter=parameter,
             )
 

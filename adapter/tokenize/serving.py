@@ -37,8 +37,6 @@ class OpenAIServingTokenization(OpenAIServing):
         _, info = await self.models.resolve(request.model)
         request_id = f"tokenize-{current_request_id()}"
         ids = await self.tokenize(request.to_generation_params(), request_id)
-        parameter = "prompt" if request.messages is None else "messages"
-        self.check_prompt_length(len(ids), info, parameter, "the prompt", generates=False)
         token_strs = None
         if request.return_token_strs:
             pieces = await self.token_bytes(ids, request_id, parameter="prompt")
@@ -48,8 +46,7 @@ class OpenAIServingTokenization(OpenAIServing):
         )
 
     async def create_detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
-        _, info = await self.models.resolve(request.model)
-        self.check_prompt_length(len(request.tokens), info, "tokens", "`tokens`", generates=False)
+        await self.models.resolve(request.model)  # 404 for an unknown model
         request_id = f"detokenize-{current_request_id()}"
         pieces = await self.token_bytes(request.tokens, request_id, parameter="tokens")
         return DetokenizeResponse(prompt=decode(b"".join(pieces)))

@@ -87,34 +87,3 @@ def test_tokenize_rules(client: TestClient) -> None:
     response = client.post("/detokenize", json={"tokens": [1, "2"]})
     assert response.json()["error"]["param"] == "tokens"
     assert client.post("/tokenize", json={"model": "other", "prompt": "a"}).status_code == 404
-
-
-def test_what_does_not_fit_the_context_is_a_400(engine: FakeEngine, client: TestClient) -> None:
-    """vLLM refuses a prompt over `max_model_len` (the fake's 64) on both endpoints; exactly
-    the context is served. /detokenize refuses before any Triton call."""
-    fits = client.post("/tokenize", json={"prompt": "a" * 64})
-    assert fits.status_code == 200 and fits.json()["count"] == 64
-    for body, param in (
-        ({"prompt": "a" * 65}, "prompt"),
-        ({"messages": [{"role": "user", "content": "a" * 80}]}, "messages"),
-    ):
-        refused = client.post("/tokenize", json=body)
-        assert refused.status_code == 400
-        error = refused.json()["error"]
-        assert error["param"] == param
-        count = 65 if param == "prompt" else len(str(engine.tokenized[-1].messages).encode())
-        assert error["message"] == (
-            f"{param}: the prompt has {count} tokens, more than this model's maximum context "
-            "length of 64 tokens."
-        )
-    assert client.post("/detokenize", json={"tokens": [97] * 64}).json() == {"prompt": "a" * 64}
-    refused = client.post("/detokenize", json={"tokens": [97] * 65})
-    assert refused.status_code == 400
-    assert refused.json()["error"] == {
-        "message": "tokens: `tokens` has 65 tokens, more than this model's maximum context "
-        "length of 64 tokens.",
-        "type": "invalid_request_error",
-        "param": "tokens",
-        "code": None,
-    }
-    assert engine.detokenized == [(97,) * 64]

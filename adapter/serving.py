@@ -100,8 +100,8 @@ SAMPLING_TENSOR_PARAMS: Mapping[str, str] = {
 
 
 _TENSOR_NAME = re.compile(r"\b[A-Z][A-Z0-9_]*[A-Z0-9]\b")
-"""A Triton input's name in a model's error message, which `field_errors` renames to the
-request field behind it."""
+"""A Triton input's name in the list of `contract.NO_TOKEN_FITS`, which `field_errors` renames
+to the request field behind it; other messages may quote user text (a grammar's rule `STOP`)."""
 
 
 def sse_event(payload: BaseModel) -> str:
@@ -281,9 +281,11 @@ class OpenAIServing:
         try:
             yield
         except TritonInputError as exc:
-            detail = _TENSOR_NAME.sub(
-                lambda name: f"`{fields[name[0]]}`" if name[0] in fields else name[0], exc.detail
-            )
+            detail = exc.detail
+            if detail.startswith(contract.NO_TOKEN_FITS):
+                detail = _TENSOR_NAME.sub(
+                    lambda name: f"`{fields[name[0]]}`" if name[0] in fields else name[0], detail
+                )
             raise InvalidRequestError(
                 f"{fields.get(exc.tensor, exc.tensor)}: {detail}",
                 parameter=fields.get(exc.tensor),

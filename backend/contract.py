@@ -37,6 +37,9 @@ RETRY_LATER = (SERVER_BUSY, ENGINE_DIED, SHUTTING_DOWN)
 """How the errors of `llm` that another try may get past begin (UNAVAILABLE: the queue is full,
 the engine is restarting or the model unloading). Over a gRPC stream only the message reaches
 the client, so the adapter answers these with 503 and Retry-After by their first words."""
+NO_TOKEN_FITS = "no token fits: "
+"""How the error of a request whose bans left no id begins, after the tensor's name; the input
+names that follow are the only free text of an `llm` error the adapter renames to its fields."""
 NEG_INF_LOGPROB = -9999.0
 """-inf cannot travel through JSON clients; vLLM and this contract send it as -9999.0."""
 

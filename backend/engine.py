@@ -29,6 +29,7 @@ from backend.contract import (
     DEFAULT_MAX_LOGPROBS,
     DEFAULT_MAX_QUEUE_SIZE,
     MIN_TOKENS,
+    NO_TOKEN_FITS,
     SERVER_BUSY,
     SHUTTING_DOWN,
     STRUCTURED_OUTPUT,
@@ -678,10 +679,11 @@ class Engine:
         return padded
 
     @staticmethod
-    def _no_token_fits(seq: _Sequence) -> str:
-        """The error of a row whose bans left no id, naming the inputs that banned, the first
-        as the culprit: only a grammar, MIN_TOKENS (EOS and stop ids early) and
-        ALLOWED_TOKEN_IDS ban (a logit bias is finite, and allowed ids alone leave one)."""
+    def _no_token_fits(seq: _Sequence) -> tuple[str, str]:
+        """The error (message, kind) of a row whose bans left no id, naming the inputs in effect
+        that ban, the first as the culprit: only a grammar, MIN_TOKENS (EOS and stop ids early)
+        and ALLOWED_TOKEN_IDS ban (a logit bias is finite, and allowed ids alone leave one).
+        With none of them, the model's logits were all -inf: an internal error."""
         banning = [
             name
             for name, bans in (
@@ -691,16 +693,19 @@ class Engine:
             )
             if bans
         ]
+        if not banning:
+            return f"internal error: {NO_TOKEN_FITS}every logit is -inf", INTERNAL
         *first, last = banning
         ban = f"{', '.join(first)} and {last} together ban" if first else f"{last} bans"
-        return f"{banning[0]}: no token fits: {ban} every id"
+        return f"{banning[0]}: {NO_TOKEN_FITS}{ban} every id", INVALID
 
     def _advance(self, seq: _Sequence, token: int) -> tuple[str, str | None] | None:
         """One sampled token through the stop rules: its text and finish reason (the sequence
         is then finished), or None when it ended the request with an error."""
         if token == NO_TOKEN:
             seq.finished = True
-            seq.sink.send_error(self._no_token_fits(seq), kind=INVALID)
+            message, kind = self._no_token_fits(seq)
+            seq.sink.send_error(message, kind=kind)
             return None
         seq.generated += 1
         seq.last_token = token

@@ -278,6 +278,19 @@ def test_the_inputs_an_engine_error_names_become_the_request_fields(
     )
 
 
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+def test_user_text_in_a_model_error_is_not_renamed(
+    client: TestClient, engine: FakeEngine, path: str
+) -> None:
+    """Only the input names of "no token fits" are the model's own: a grammar's rule `STOP`
+    (also an input's name) stays as the user wrote it (a review)."""
+    detail = 'grammar does not compile: Rule "STOP" is not defined'
+    engine.script = [TritonInputError(contract.STRUCTURED_OUTPUT, detail)]
+    fields = {"structured_outputs": {"grammar": 'root ::= STOP\nstop ::= "x"'}}
+    response = client.post(path, json=body(path, **fields))
+    assert response.json()["error"]["message"] == f"structured_outputs: {detail}"
+
+
 def test_the_tensor_is_bytes_of_one_json_spec() -> None:
     spec = StructuredOutput("choice", ("ja", "nein"))
     arrays = llm_inputs(TritonRequest(prompt_ids=(1,), structured_output=spec), [1])

@@ -165,6 +165,9 @@ def test_max_tokens_zero_answers_once_with_empty_rows_of_the_asked_width(
             f"{contract.STRUCTURED_OUTPUT}, {contract.MIN_TOKENS} and {contract.ALLOWED_TOKEN_IDS} "
             "together ban every id",
         ),
+        # No input bans: the model's logits were all -inf (a review: it raised, failing the
+        # whole batch).
+        (False, 0, [], "internal error: no token fits: every logit is -inf"),
     ],
 )
 def test_no_token_fits_names_only_the_inputs_that_ban(
@@ -172,7 +175,8 @@ def test_no_token_fits_names_only_the_inputs_that_ban(
 ) -> None:
     params = GenerationParams(prompt_ids=[1], min_tokens=min_tokens, allowed_token_ids=allowed)
     seq = SimpleNamespace(matcher=object() if grammar else None, generated=0, params=params)
-    assert Engine._no_token_fits(seq) == message  # type: ignore[arg-type]
+    kind = INVALID if grammar or min_tokens or allowed else INTERNAL
+    assert Engine._no_token_fits(seq) == (message, kind)  # type: ignore[arg-type]
 
 
 def test_allowed_ids_that_min_tokens_all_bans_are_invalid(

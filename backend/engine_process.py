@@ -45,6 +45,9 @@ logger = logging.getLogger(__name__)
 
 _STOP_TIMEOUT_S = 60.0
 """How long `stop` waits for the engine process to answer its requests and exit."""
+_HANG_GRACE_S = 1.0
+"""A silent engine's last chance to answer before it is killed (`engine_hang_timeout_s`): an
+idle one reports every 50 ms."""
 
 
 @dataclass(frozen=True)
@@ -315,9 +318,11 @@ class EngineProcess:
         hang_timeout_s = self._config.engine_hang_timeout_s or None  # None: wait forever
         while True:
             try:
-                if not self._conn.poll(hang_timeout_s):
+                # A second, short wait: after a pause of both processes (a VM stall, `docker
+                # pause`) the first one has timed out by the clock, and a healthy engine answers.
+                if not (self._conn.poll(hang_timeout_s) or self._conn.poll(_HANG_GRACE_S)):
                     self._kill_hung()
-                    continue  # the pipe's end follows
+                    break  # one that cannot die (uninterruptible I/O) would never end the pipe
                 items, stats = self._conn.recv()
             except (EOFError, OSError):
                 break

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -186,6 +187,32 @@ def test_a_hung_engine_process_is_killed_and_fails_every_request(
     assert "it is hung; killing it" in caplog.text
     engine.wait(WAIT_S)  # killed, not left stopped
     process.stop()
+
+
+def test_an_idle_engine_outlives_its_hang_timeout(config: LLMConfig, passage: list[int]) -> None:
+    """Idle, it reports every 50 ms: three times `engine_hang_timeout_s` of its reports go by
+    without a kill, and it still serves (a review: nothing checked a quiet engine was spared)."""
+    died = threading.Event()
+    reports: list[float] = []
+    spanned = threading.Event()
+
+    def on_stats(stats: EngineStats) -> None:
+        reports.append(time.monotonic())
+        if reports[-1] - reports[0] >= 3.0:
+            spanned.set()
+
+    process = EngineProcess(
+        replace(config, engine_hang_timeout_s=1), on_stats=on_stats, on_death=died.set
+    )
+    process.start()
+    try:
+        assert spanned.wait(WAIT_S)
+        assert not died.is_set()
+        sink = RecordingSink()
+        process.submit(GenerationParams(prompt_ids=passage[:8], max_tokens=3), sink)
+        assert sink.done.wait(WAIT_S) and sink.error is None and len(sink.token_ids) == 3
+    finally:
+        process.stop()
 
 
 _ORPHAN = """

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
+import shutil
 import signal
 import sys
 import threading
@@ -137,7 +137,11 @@ def check_ports(args: argparse.Namespace) -> None:
     if ":" in args.host:  # tritonserver joins host and port with ":", which gRPC cannot parse
         raise SystemExit(f"--host {args.host}: tritonserver binds IPv4 addresses and names only")
     for flag, host, port in ports:
-        if port and port_in_use(host, port):
+        try:
+            taken = bool(port) and port_in_use(host, port)
+        except OSError as exc:  # a host that does not resolve, or no address of this machine
+            raise SystemExit(f"cannot serve: {flag} {port} on {host}: {exc}") from None
+        if taken:
             raise SystemExit(f"cannot serve: {flag} {port} is in use on {host}")
 
 
@@ -145,7 +149,7 @@ def build_server(args: argparse.Namespace) -> TritonServer:
     parameters = _parameters(args.set)
     if "model_path" in parameters:
         raise SystemExit("--set model_path: give the model with --model-path")
-    if args.tritonserver is not None and not os.access(args.tritonserver, os.X_OK):
+    if args.tritonserver is not None and shutil.which(args.tritonserver) is None:  # PATH too
         raise SystemExit(f"--tritonserver {args.tritonserver}: no such executable")
     model_path = args.model_path or default_model.ensure()
     try:  # bad values fail here, in a second, rather than in the model's load

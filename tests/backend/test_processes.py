@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import sys
@@ -200,10 +201,33 @@ def test_a_port_out_of_range_is_refused(flag: str, capsys: pytest.CaptureFixture
     assert parse_args([flag, "0"]).__dict__[flag[2:].replace("-", "_")] == 0
 
 
-def test_a_tritonserver_that_is_no_executable_is_refused(tmp_path: Path) -> None:
-    args = parse_args(["--tritonserver", str(tmp_path / "nonexistent"), "--run-dir", str(tmp_path)])
-    with pytest.raises(SystemExit, match=r"--tritonserver .*nonexistent: no such executable"):
+@pytest.mark.parametrize("name", ["nonexistent", "a-folder"])
+def test_a_tritonserver_that_is_no_executable_is_refused(tmp_path: Path, name: str) -> None:
+    (tmp_path / "a-folder").mkdir()
+    args = parse_args(["--tritonserver", str(tmp_path / name), "--run-dir", str(tmp_path)])
+    with pytest.raises(SystemExit, match=rf"--tritonserver .*{name}: no such executable"):
         build_server(args)
+
+
+def test_a_tritonserver_on_path_passes_the_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bare name is looked up on PATH, as Popen does (a review: it was refused)."""
+    binary = tmp_path / "bin" / "tritonserver"
+    binary.parent.mkdir()
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{binary.parent}:{os.environ['PATH']}")
+    args = parse_args(["--tritonserver", "tritonserver", "--model-path", str(tmp_path / "none")])
+    with pytest.raises(SystemExit, match=r"cannot serve .*none: "):  # past the binary's check
+        build_server(args)
+
+
+def test_a_host_that_does_not_resolve_is_a_message() -> None:
+    args = parse_args(["--host", "no-such-host.invalid", "--adapter-port", "0"])
+    message = "cannot serve: --http-port 8000 on no-such-host.invalid: "
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        check_ports(args)
 
 
 def test_an_ipv6_host_for_tritonserver_is_refused() -> None:

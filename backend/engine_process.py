@@ -315,7 +315,8 @@ class EngineProcess:
         """Reader thread: each iteration's outputs to their sinks, stats on, cancels back; an
         engine silent for `engine_hang_timeout_s` is killed, and then read as dead."""
         assert self._conn is not None
-        hang_timeout_s = self._config.engine_hang_timeout_s or None  # None: wait forever
+        hang_timeout_s = None  # None: wait forever, until its loop runs (after the kernels'
+        # warm-up, which compiles them on CUDA) and reports for the first time
         while True:
             try:
                 # A second, short wait: after a pause of both processes (a VM stall, `docker
@@ -326,6 +327,7 @@ class EngineProcess:
                 items, stats = self._conn.recv()
             except (EOFError, OSError):
                 break
+            hang_timeout_s = self._config.engine_hang_timeout_s or None
             for key, item in items:
                 self._deliver(key, item)
             if stats is not None and self._on_stats is not None:

@@ -20,7 +20,7 @@ import pytest
 from transformers import AutoConfig
 
 from backend.config import LLMConfig
-from backend.engine import EngineStats
+from backend.engine import Engine, EngineStats
 from backend.engine_process import EngineProcess, build_engine
 from backend.outputs import BUSY, CANCELLED, INTERNAL
 from backend.params import GenerationParams
@@ -211,6 +211,37 @@ def test_an_idle_engine_outlives_its_hang_timeout(config: LLMConfig, passage: li
         sink = RecordingSink()
         process.submit(GenerationParams(prompt_ids=passage[:8], max_tokens=3), sink)
         assert sink.done.wait(WAIT_S) and sink.error is None and len(sink.token_ids) == 3
+    finally:
+        process.stop()
+
+
+def _slow_warm_up(engine: Engine) -> None:
+    """In the engine process: a start that takes 3 s before its loop runs, as the CUDA kernels'
+    first compile may (the scenario itself, not a wait for a condition)."""
+    start = engine.start
+
+    def slow_start() -> None:
+        time.sleep(3.0)
+        start()
+
+    engine.start = slow_start  # type: ignore[method-assign]
+
+
+def test_the_hang_clock_starts_with_the_engines_first_report(
+    config: LLMConfig, passage: list[int]
+) -> None:
+    """Its warm-up runs after "ready", silent: longer than `engine_hang_timeout_s` is no hang
+    (a review: the clock ran from "ready")."""
+    died = threading.Event()
+    process = EngineProcess(
+        replace(config, engine_hang_timeout_s=1), on_death=died.set, prepare=_slow_warm_up
+    )
+    process.start()
+    try:
+        sink = RecordingSink()
+        process.submit(GenerationParams(prompt_ids=passage[:8], max_tokens=3), sink)
+        assert sink.done.wait(WAIT_S) and sink.error is None and len(sink.token_ids) == 3
+        assert not died.is_set()
     finally:
         process.stop()
 

@@ -74,8 +74,10 @@ class Preprocessor:
         self.vocab_size = int(config.get_text_config().vocab_size)
         self._token_bytes = token_bytes_table(self.tokenizer, self.vocab_size)
         self.max_model_len = served_context_length(config, max_model_len)
-        # No token covers more characters than its bytes: a longer text cannot fit the context,
-        # and is refused before it is tokenized, as vLLM does (`max_chars_per_token`).
+        # No token covers more characters than its bytes: where the tokenizer keeps every
+        # character (causal LMs' byte-level BPE and SentencePiece; not one whose normalizer
+        # drops some), a longer text cannot fit the context, and is refused before it is
+        # tokenized, as vLLM does (`max_chars_per_token`).
         self._longest_token = max(map(len, self._token_bytes))
         self.max_prompt_chars = self.max_model_len * self._longest_token
         self._content_as_parts = reads_content_parts(self.tokenizer.chat_template)

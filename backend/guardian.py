@@ -6,7 +6,9 @@ tritonserver's backend stubs), which also means nothing takes it down with the l
 So the launcher starts this guardian first, in a session of its own too, and tells it the
 process group of every child it starts (`+pgid`) and stops (`-pgid`) on a pipe. When the pipe
 closes without a clean `exit` line, the launcher is gone: the guardian SIGKILLs every group it
-still knows, and exits. docs/design.md, "Surviving the engine's death".
+still knows, removes the shared-memory regions of the Python-backend stubs it killed (which
+tritonserver would have removed on a clean stop), and exits. docs/design.md, "Surviving the
+engine's death".
 
     python -m backend.guardian   # reads the protocol on stdin
 """
@@ -19,6 +21,8 @@ import signal
 import subprocess
 import sys
 from typing import IO
+
+from backend.tritonserver import backend_stubs, remove_shm_regions
 
 
 def guard(commands: IO[str]) -> set[int]:
@@ -35,9 +39,13 @@ def guard(commands: IO[str]) -> set[int]:
 
 
 def kill_groups(groups: set[int]) -> None:
+    """SIGKILLs each group, then removes the regions of the stubs it held: a group is its
+    leader's pid, and a tritonserver's stubs are its children."""
+    regions = {stub.shm_region for group in groups for stub in backend_stubs(group)}
     for group in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, signal.SIGKILL)
+    remove_shm_regions({region for region in regions if region is not None})
 
 
 class Guardian:

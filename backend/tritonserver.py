@@ -86,6 +86,14 @@ def backend_stubs(server_pid: int) -> list[BackendStub]:
     return [stub for stub in map(BackendStub.of, children) if stub is not None]
 
 
+def remove_shm_regions(regions: set[str]) -> None:
+    """Unlinks the stubs' `regions` from /dev/shm (a killed tritonserver leaves them behind)."""
+    for region in sorted(regions):
+        with contextlib.suppress(FileNotFoundError):
+            (SHM_DIR / region).unlink()
+            logger.info("removed %s left by the stopped server", region)
+
+
 class TritonServer(ChildProcess):
     """tritonserver on `model_repository`; ports of 0 are replaced by free ones.
 
@@ -190,10 +198,7 @@ class TritonServer(ChildProcess):
 
     def stopped(self) -> None:
         """Removes the stubs' shared-memory regions that a killed server could not."""
-        for region in sorted(self.shm_regions):
-            with contextlib.suppress(FileNotFoundError):
-                (SHM_DIR / region).unlink()
-                logger.info("removed %s left by the stopped server", region)
+        remove_shm_regions(self.shm_regions)
         self.stubs = []
         self.shm_regions = set()
 

@@ -29,7 +29,7 @@ import pytest
 from backend import contract
 from backend.default_model import DEFAULT_SPEC, REPO_ROOT, SPEC_FILE
 from backend.processes import free_ports
-from backend.tritonserver import embedded_tritonserver
+from backend.tritonserver import SHM_DIR, backend_stubs, embedded_tritonserver
 from tests.integration.openai_support import wait_for
 from tests.integration.proc import descendants, processes_mentioning, still_running
 from tests.reference import reference_greedy, tokenizer
@@ -325,7 +325,8 @@ def test_container_entrypoint_refuses_a_model_path_that_does_not_exist(tmp_path:
 @pytest.mark.timeout(420)
 def test_children_die_with_a_killed_launcher(model_dir: Path, tmp_path: Path) -> None:
     """SIGTERM, then SIGKILL during the shutdown, as an impatient supervisor does: tritonserver,
-    its stubs and the adapter go too (`backend.guardian`), and their ports are free again."""
+    its stubs and the adapter go too (`backend.guardian`), their ports are free again, and the
+    stubs' shared-memory regions are gone."""
     ports = Ports.free()
     run_dir = tmp_path / "run"
     command = [
@@ -338,6 +339,13 @@ def test_children_die_with_a_killed_launcher(model_dir: Path, tmp_path: Path) ->
         children = descendants(server.process.pid)
         for name in ("tritonserver", "triton_python_backend_stub", "-m adapter", "guardian"):
             assert any(name in cmd for cmd in children.values()), (name, children)
+        regions = [
+            stub.shm_region
+            for pid, cmd in children.items()
+            if "triton_python_backend_stub" not in cmd and "tritonserver" in cmd
+            for stub in backend_stubs(pid)
+        ]
+        assert len(regions) == 2 and all(regions), regions  # `llm` and `preprocessing`
         server.process.send_signal(signal.SIGTERM)
         server.process.kill()
         server.process.wait()
@@ -346,6 +354,7 @@ def test_children_die_with_a_killed_launcher(model_dir: Path, tmp_path: Path) ->
         # The kernel closes a killed process's sockets as its last thread exits, which may be
         # after its main thread is reaped: a condition to wait for, not a moment to sample.
         assert wait_for(lambda: unbindable(ports) == []), sockets_on(unbindable(ports))
+        assert wait_for(lambda: not [r for r in regions if (SHM_DIR / r).exists()]), regions
 
 
 @pytest.mark.parametrize(

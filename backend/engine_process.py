@@ -143,6 +143,7 @@ def serve(
     reads the stub's messages until `stop` or until the stub is gone (the pipe's end), when it
     exits too."""
     _log_to_stderr()
+    _progress_bars_without_a_semaphore()
     outgoing = _Outgoing(conn)
     try:
         engine = build_engine(config, outgoing.flush)
@@ -185,6 +186,16 @@ def serve(
     engine.stop()  # every request in flight gets its final error
     outgoing.flush()
     conn.close()
+
+
+def _progress_bars_without_a_semaphore() -> None:
+    """tqdm's default lock (transformers' "Loading weights" bar) is a multiprocessing RLock: in
+    this spawned process a named semaphore in /dev/shm, which only multiprocessing's resource
+    tracker unlinks, at its exit; so each SIGKILL of the stub's group (a heal, a killed launcher)
+    left one behind. A thread lock serves the bars of one process as well."""
+    import tqdm
+
+    tqdm.tqdm.set_lock(threading.RLock())
 
 
 def _log_to_stderr() -> None:

@@ -101,6 +101,14 @@ def test_outputs_match_transformers_and_stats_arrive(
     assert stats[-1].active_sequences == 0
 
 
+def test_the_engine_process_holds_no_named_semaphore(engine: EngineProcess) -> None:
+    """Nothing in /dev/shm that a SIGKILL of the stub's group would leave behind: tqdm's
+    default multiprocessing lock was one, created as the model loaded."""
+    assert engine.pid is not None
+    maps = Path(f"/proc/{engine.pid}/maps").read_text()
+    assert "/dev/shm/" not in maps
+
+
 def test_a_cancelled_request_ends_cancelled_and_the_others_finish(
     engine: EngineProcess, passage: list[int]
 ) -> None:

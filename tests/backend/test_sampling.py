@@ -224,6 +224,28 @@ def test_a_grammar_mask_gives_the_tokens_of_the_masked_logits(vocab: int) -> Non
             assert (int(bits[row, token // 32]) >> (token % 32)) & 1
 
 
+def test_a_grammar_mask_reaches_xgrammar_on_the_logits_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Off CPU the mask goes through xgrammar's kernel, which refuses a bitmask on another
+    device than the logits: the host bitmask is copied over first (the meta device stands in
+    for CUDA here, which this machine lacks)."""
+    import xgrammar
+
+    from backend.grammar import RowMask
+
+    seen = []
+
+    def apply(logits: torch.Tensor, bitmask: torch.Tensor, **kwargs: object) -> None:
+        seen.append((logits.device, bitmask.device, bitmask.shape, kwargs))
+
+    monkeypatch.setattr(xgrammar, "apply_token_bitmask_inplace", apply)
+    bits = torch.zeros(4, 8, dtype=torch.int32)
+    RowMask(bits, [1, 2], 256).apply(torch.empty(3, 256, device="meta"))
+    meta = torch.device("meta")
+    assert seen == [(meta, meta, (3, 8), {"vocab_size": 256, "indices": [1, 2]})]
+
+
 def test_min_p_keeps_ids_at_least_that_share_of_the_most_probable() -> None:
     """Probs 0.5, 0.3, 0.15, 0.05: min_p 0.5 keeps 0.5 and 0.3 (>= 0.25), renormalised to
     0.625 / 0.375; at temperature 2 the probs flatten and 0.15 passes too."""

@@ -267,6 +267,11 @@ STAGES = [
 ]
 
 
+EXIT_WAIT_S = 30.0
+"""How long a killed stage is waited for: one stuck in the GPU driver may never exit, and the
+stages after it still run."""
+
+
 def run_stage(name: str, command: list[str], limit_s: float, out: Path) -> Result:
     """`command` with its output in `out/<name>.log`, killed with its process group at
     `limit_s`; its result is what it wrote to the file named by its `--result` argument."""
@@ -287,12 +292,16 @@ def run_stage(name: str, command: list[str], limit_s: float, out: Path) -> Resul
                 exit_code: int | None = child.wait(timeout=limit_s)
             except subprocess.TimeoutExpired:
                 os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
                 exit_code = None
+                try:
+                    child.wait(timeout=EXIT_WAIT_S)
+                    stuck = ""
+                except subprocess.TimeoutExpired:
+                    stuck = f"; still running {EXIT_WAIT_S:.0f} s later (pid {child.pid})"
         seconds = time.monotonic() - start
         result: Result = json.loads(result_path.read_text()) if result_path.exists() else {}
     if exit_code is None:
-        status, summary = "timeout", f"killed after {limit_s:.0f} s"
+        status, summary = "timeout", f"killed after {limit_s:.0f} s{stuck}"
     elif exit_code != 0 or not result.get("ok"):
         status = "failed"
         summary = result.get("summary") or f"exit {exit_code}: see {name}.log"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -106,6 +107,29 @@ def test_a_stage_past_its_limit_is_killed_and_reported(tmp_path: Path) -> None:
     result = run_stage("hang", hang, limit_s=3, out=tmp_path)
     assert (result["status"], result["summary"]) == ("timeout", "killed after 3 s")
     assert result["seconds"] >= 3
+
+
+def test_a_stage_that_outlives_its_kill_does_not_hold_up_the_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process stuck in the GPU driver ignores SIGKILL for a while: a kill that does nothing
+    stands in for it; the stage is reported after EXIT_WAIT_S, and the next stage can run."""
+    from bench import gpu_check
+
+    groups: list[int] = []
+    kill = os.killpg
+    monkeypatch.setattr(gpu_check.os, "killpg", lambda group, _signal: groups.append(group))
+    monkeypatch.setattr(gpu_check, "EXIT_WAIT_S", 1.0)
+    hang = [sys.executable, "-c", "import threading; threading.Event().wait()"]
+    try:
+        result = run_stage("stuck", hang, limit_s=2, out=tmp_path)
+    finally:
+        for group in groups:
+            kill(group, signal.SIGKILL)
+    assert (result["status"], result["summary"]) == (
+        "timeout",
+        f"killed after 2 s; still running 1 s later (pid {groups[0]})",
+    )
 
 
 def test_a_failing_stage_is_reported_with_its_exit_status(tmp_path: Path) -> None:

@@ -231,8 +231,9 @@ class Engine:
         # step's batch while membership is unchanged, instead of re-stacking the rows.
         self._decoded: tuple[torch.Tensor, list[_Sequence]] | None = None
         # Each step's logprobs are gathered on this thread while the engine thread runs the next
-        # forward's lm_head (CPU only: CUDA queues both anyway); the outputs go once both are
-        # done (docs/design.md, "Logprobs beside the next forward").
+        # forward's lm_head, and the outputs go once both are done (docs/design.md, "Logprobs
+        # beside the next forward"). CPU only: on CUDA the gather is one kernel and a copy of
+        # its few results, on the engine thread, before the next forward is queued.
         self._logprob_worker = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-logprobs")
             if runner.device.type == "cpu"

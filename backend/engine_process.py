@@ -96,11 +96,27 @@ class _Outgoing:
         self._conn = conn
         self._lock = threading.Lock()
         self._items: list[tuple[int, StepOutput | FinalError]] = []
+        self._live: set[int] = set()
+        """The requests that have not sent their final output yet."""
         self.cancelled: set[int] = set()
 
-    def add(self, key: int, item: StepOutput | FinalError) -> None:
+    def open(self, key: int) -> None:
+        with self._lock:
+            self._live.add(key)
+
+    def add(self, key: int, item: StepOutput | FinalError, *, final: bool) -> None:
         with self._lock:
             self._items.append((key, item))
+            if final:
+                self._live.discard(key)
+                self.cancelled.discard(key)
+
+    def cancel(self, key: int) -> None:
+        """A cancel that crossed its request's final output on the pipe is dropped: nothing
+        would ever remove it (a soak counted thousands of client hang-ups)."""
+        with self._lock:
+            if key in self._live:
+                self.cancelled.add(key)
 
     def flush(self, stats: EngineStats | None = None) -> None:
         """Sends what is pending, with `stats` (engine thread, each iteration). An idle engine
@@ -124,13 +140,10 @@ class _RemoteSink:
     outgoing: _Outgoing
 
     def send(self, output: StepOutput) -> None:
-        self.outgoing.add(self.key, output)
-        if output.finish_reason is not None:
-            self.outgoing.cancelled.discard(self.key)
+        self.outgoing.add(self.key, output, final=output.finish_reason is not None)
 
     def send_error(self, message: str, *, kind: str = INTERNAL) -> None:
-        self.outgoing.add(self.key, FinalError(message, kind))
-        self.outgoing.cancelled.discard(self.key)
+        self.outgoing.add(self.key, FinalError(message, kind), final=True)
 
     def is_cancelled(self) -> bool:
         return self.key in self.outgoing.cancelled
@@ -174,13 +187,14 @@ def serve(
         if message[0] == "submit":
             _, key, params = message
             sink = _RemoteSink(key, outgoing)
+            outgoing.open(key)
             try:
                 engine.submit(params, sink)
             except Exception as exc:  # a bug: this request fails, not every one in flight
                 logger.exception("request %s could not be submitted", params.request_id)
                 sink.send_error(f"internal error: {type(exc).__name__}: {exc}")
         elif message[0] == "cancel":
-            outgoing.cancelled.add(message[1])
+            outgoing.cancel(message[1])
         else:  # stop
             break
     engine.stop()  # every request in flight gets its final error

@@ -109,6 +109,23 @@ def test_the_engine_process_holds_no_named_semaphore(engine: EngineProcess) -> N
     assert "/dev/shm/" not in maps
 
 
+def test_a_cancel_that_crosses_its_final_output_leaves_no_mark() -> None:
+    """The stub forwards a client's cancel while the request's final output is on the pipe: the
+    engine process drops it, where its set of cancelled keys grew by one each time."""
+    from backend.engine_process import _Outgoing, _RemoteSink
+
+    outgoing = _Outgoing(conn=None)  # type: ignore[arg-type]  # nothing is flushed here
+    finished, running = _RemoteSink(1, outgoing), _RemoteSink(2, outgoing)
+    outgoing.open(1)
+    outgoing.open(2)
+    finished.send_error("the request was cancelled", kind=CANCELLED)
+    outgoing.cancel(1)
+    outgoing.cancel(2)
+    assert (finished.is_cancelled(), running.is_cancelled()) == (False, True)
+    running.send_error("the request was cancelled", kind=CANCELLED)
+    assert outgoing.cancelled == set()
+
+
 def test_a_cancelled_request_ends_cancelled_and_the_others_finish(
     engine: EngineProcess, passage: list[int]
 ) -> None:

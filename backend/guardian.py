@@ -41,11 +41,13 @@ def guard(commands: IO[str]) -> set[int]:
 def kill_groups(groups: set[int]) -> None:
     """SIGKILLs each group, then removes the regions of the stubs it held: a group is its
     leader's pid, and a tritonserver's stubs are its children."""
-    regions = {stub.shm_region for group in groups for stub in backend_stubs(group)}
+    regions = {
+        stub.shm_region for group in groups for stub in backend_stubs(group) if stub.shm_region
+    }
     for group in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(group, signal.SIGKILL)
-    remove_shm_regions({region for region in regions if region is not None})
+    remove_shm_regions(regions)
 
 
 class Guardian:

@@ -90,6 +90,8 @@ ALLOWED_TOKEN_IDS = _tensor("ALLOWED_TOKEN_IDS", "INT32", -1)
 MIN_TOKENS = _tensor("MIN_TOKENS", "INT32", 1)
 INCLUDE_STOP_STR_IN_OUTPUT = _tensor("INCLUDE_STOP_STR_IN_OUTPUT", "BOOL", 1)
 STRUCTURED_OUTPUT = _tensor("STRUCTURED_OUTPUT", "STRING", 1)  # JSON: backend/structured_output.py
+# llm only: true = this request ends the one in flight with its request id (docs/tensors.md).
+CANCEL = _tensor("CANCEL", "BOOL", 1)
 
 # --- outputs: each streamed response carries the tokens since the last one (n) ------------------
 OUTPUT_IDS = _tensor("OUTPUT_IDS", "INT32", -1)  # [n]
@@ -212,8 +214,10 @@ class ModelTensors:
 
 
 MODELS: dict[str, ModelTensors] = {
+    # INPUT_IDS is optional in config.pbtxt only so that a CANCEL request may leave it out.
     "llm": ModelTensors(
-        {INPUT_IDS: False, **dict.fromkeys(GENERATION_INPUTS, True)}, frozenset(LLM_OUTPUTS)
+        {INPUT_IDS: True, **dict.fromkeys(GENERATION_INPUTS, True), CANCEL: True},
+        frozenset(LLM_OUTPUTS),
     ),
     "preprocessing": ModelTensors(
         {**dict.fromkeys(PROMPT_INPUTS, True), INPUT_IDS: True}, frozenset({INPUT_IDS, TOKEN_BYTES})

@@ -167,6 +167,9 @@ class ResponseWriter(Generic[Request, Stats]):
         self._unanswered: set[Outbox[Request]] = set()
         """Outboxes that have had no response yet (`_sweep` asks Triton about them)."""
         self._unanswered_lock = threading.Lock()
+        self._open: set[Outbox[Request]] = set()
+        """Outboxes whose FINAL has not gone out (`cancel` looks among them)."""
+        self._open_lock = threading.Lock()
         self._swept_at = time.monotonic()
         self._thread: threading.Thread | None = None
         self.responses_sent = 0
@@ -174,12 +177,23 @@ class ResponseWriter(Generic[Request, Stats]):
 
     def outbox(self, request: Request) -> Outbox[Request]:
         box = Outbox(request, self._ready)
+        with self._open_lock:
+            self._open.add(box)
         with self._unanswered_lock:
             first = not self._unanswered
             self._unanswered.add(box)
         if first:  # the writer may be waiting on the queue alone: it now has sweeps to time
             self._ready.put(_SWEEP)
         return box
+
+    def cancel(self, matches: Callable[[Request], bool]) -> int:
+        """Any thread: flags the requests not yet ended that `matches` as cancelled, as Triton's
+        cancellation would (the engine ends them at its next step); how many it flagged."""
+        with self._open_lock:
+            boxes = [box for box in self._open if matches(box.request)]
+        for box in boxes:
+            box.cancelled = True
+        return len(boxes)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="llm-writer", daemon=True)
@@ -326,6 +340,8 @@ class ResponseWriter(Generic[Request, Stats]):
     def _close(self, box: Outbox[Request]) -> None:
         box.closed = True
         self._answered(box)
+        with self._open_lock:
+            self._open.discard(box)
         if box.sent_at is not None:
             self._streams -= 1
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from backend.contract import (
     ALLOWED_TOKEN_IDS,
+    CANCEL,
     COMPLETION_TOKENS,
     FINISH_REASON,
     FREQUENCY_PENALTY,
@@ -111,12 +112,22 @@ def _strings(arrays: Mapping[str, np.ndarray], name: str) -> list[str]:
         raise InvalidInputError(name, "is not valid UTF-8") from exc
 
 
+def cancel_target(arrays: Mapping[str, np.ndarray], request_id: str) -> str | None:
+    """The id of the request in flight that a CANCEL request ends (its own id), or None for a
+    request to generate; raises InvalidInputError."""
+    if not _scalar(arrays, CANCEL, "b"):
+        return None
+    if not request_id:
+        raise InvalidInputError(CANCEL, "needs the id of the request to cancel as its request id")
+    return request_id
+
+
 def parse_request(
     arrays: Mapping[str, np.ndarray], limits: EngineLimits, request_id: str = ""
 ) -> GenerationParams:
     """Input tensors of one request -> validated params; raises InvalidInputError."""
     prompt = _int_list(arrays, INPUT_IDS)
-    if prompt is None:  # config.pbtxt requires it, but Triton 2.51 does not check
+    if prompt is None:  # optional in config.pbtxt for CANCEL requests only
         raise InvalidInputError(INPUT_IDS, "is required")
     if not prompt:
         raise InvalidInputError(

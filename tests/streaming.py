@@ -65,8 +65,20 @@ class Streamer:
         self._queue: queue.Queue = queue.Queue()
         self.client.start_stream(callback=lambda result, error: self._queue.put((result, error)))
 
-    def send(self, model: str, arrays: dict[str, np.ndarray], request_id: str = "") -> None:
-        self.client.async_stream_infer(model, infer_inputs(arrays), request_id=request_id)
+    def send(
+        self,
+        model: str,
+        arrays: dict[str, np.ndarray],
+        request_id: str = "",
+        empty_final: bool = False,
+    ) -> None:
+        """`empty_final`: a final response without outputs reaches `next` too."""
+        self.client.async_stream_infer(
+            model,
+            infer_inputs(arrays),
+            request_id=request_id,
+            enable_empty_final_response=empty_final,
+        )
 
     def next(self, timeout: float = 60.0) -> tuple[dict[str, np.ndarray] | None, str | None, bool]:
         """(outputs, error message, final) of the next response."""

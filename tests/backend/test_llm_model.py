@@ -17,6 +17,7 @@ import pytest
 from backend import default_model, response_writer
 from backend.config import RESTARTS_ENV
 from backend.contract import (
+    CANCEL,
     COMPLETION_TOKENS,
     FINISH_REASON,
     IGNORE_EOS,
@@ -186,6 +187,55 @@ def test_cancelled_mid_stream_gets_one_final_cancelled_error(
     active = pb_utils.metric("llm_active_sequences")
     assert active.history[-2:] == [1.0, 0.0]
     assert active.value() == 0
+
+
+def test_a_cancel_request_ends_the_request_in_flight_with_its_id(
+    llm_model: Any, pb_utils: ModuleType, prompt: np.ndarray
+) -> None:
+    target = greedy_request(prompt, 200, request_id="target")
+    other = greedy_request(prompt, 12, request_id="other")
+    streaming = threading.Event()
+    target.sender.on_send = lambda response, flags: streaming.set()
+    llm_model.execute([target, other])
+    assert streaming.wait(WAIT_S)
+    cancel = FakeRequest({CANCEL: np.array([True])}, request_id="target")
+    unknown = FakeRequest({CANCEL: np.array([True])}, request_id="gone")
+    llm_model.execute([cancel, unknown])
+    wait_final(target, other, cancel, unknown)
+    llm_model.finalize()
+
+    # Each CANCEL request gets one empty final response, found or not.
+    assert cancel.sender.sent == [(None, FINAL)]
+    assert unknown.sender.sent == [(None, FINAL)]
+    # The target's stream ends with its own FINAL, a CANCELLED error, long before 200 tokens.
+    sent = target.sender.sent
+    assert [flags for _, flags in sent] == [0] * (len(sent) - 1) + [FINAL]
+    tokens = sum(len(response.as_arrays()[OUTPUT_IDS]) for response, _ in sent[:-1])
+    assert tokens < 200
+    assert sent[-1][0].error().code() == pb_utils.TritonError.CANCELLED
+    # Not Triton's flag: the target's client cancelled nothing.
+    assert not target.cancelled
+    # The other request ran to its end.
+    last = other.sender.sent[-1][0]
+    assert not last.has_error()
+    assert last.as_arrays()[COMPLETION_TOKENS].tolist() == [12]
+    assert pb_utils.metric("llm_cancelled_requests_total").value() == 1
+
+
+def test_a_cancel_request_needs_an_id_and_cancel_false_is_a_request(
+    llm_model: Any, pb_utils: ModuleType, prompt: np.ndarray
+) -> None:
+    nameless = FakeRequest({CANCEL: np.array([True])}, request_id="")
+    inputs = {tensor.name(): tensor.as_numpy() for tensor in greedy_request(prompt, 3).inputs()}
+    ordinary = FakeRequest({**inputs, CANCEL: np.array([False])}, request_id="x")
+    llm_model.execute([nameless, ordinary])
+    wait_final(nameless, ordinary)
+
+    [(response, flags)] = nameless.sender.sent
+    assert flags == FINAL
+    assert response.error().code() == pb_utils.TritonError.INVALID_ARG
+    assert response.error().message().startswith("CANCEL: needs the id of the request")
+    assert ordinary.sender.sent[-1][0].as_arrays()[COMPLETION_TOKENS].tolist() == [3]
 
 
 @pytest.mark.parametrize("decoupled", [False, None])

@@ -227,6 +227,22 @@ def test_a_request_without_a_response_is_asked_about_cancellation(
     assert _responses(transport) == [("a", [1], True)]
 
 
+def test_cancel_flags_the_matching_requests_that_have_not_ended(
+    writer: ResponseWriter[str, int], transport: FakeTransport
+) -> None:
+    """A CANCEL request's way in: no question to Triton, and a request that ended is not
+    counted (its FINAL went; the CANCEL crossed it)."""
+    waiting, streaming, other, ended = (writer.outbox(name) for name in ("a1", "a2", "b", "a3"))
+    streaming.send(step(1))
+    ended.send(step(1, final=True))
+    transport.wait_for(2)
+    assert wait_for(lambda: ended.closed)
+    assert writer.cancel(lambda request: request.startswith("a")) == 2
+    assert waiting.is_cancelled() and streaming.is_cancelled()
+    assert not other.is_cancelled() and not ended.is_cancelled()
+    assert writer.cancel(lambda request: request == "a3") == 0
+
+
 def test_the_latest_stats_reach_the_metrics_and_stop_flushes_them(
     transport: FakeTransport,
 ) -> None:

@@ -188,6 +188,38 @@ def test_cancelled_stream_stops_generating(triton_server, passage_ids):
     assert_generated_since(triton_server.metrics_url, generated, finished, tokens=5)
 
 
+def test_a_cancel_request_ends_a_stream_with_its_own_final(triton_server, passage_ids):
+    """CANCEL on another stream: one empty final response for it, and the target's stream ends
+    with a CANCELLED error that its client reads, nothing cancelled through Triton
+    (docs/tensors.md, "Ending a request")."""
+    metrics = triton_server.metrics_url
+    cancelled_before = metric(metrics, "llm_cancelled_requests_total")
+    target, control = Streamer(triton_server.grpc_url), Streamer(triton_server.grpc_url)
+    try:
+        with held(triton_server):  # it cannot finish before the cancel
+            target.send(
+                "llm",
+                {
+                    contract.INPUT_IDS: i32(*passage_ids[:3]),
+                    contract.MAX_TOKENS: i32(200),
+                    contract.IGNORE_EOS: TRUE,
+                },
+                request_id="ended-by-cancel",
+            )
+            first, error, final = target.next()
+            assert error is None and not final
+            control.send("llm", {contract.CANCEL: TRUE}, "ended-by-cancel", empty_final=True)
+            assert control.next() == ({}, None, True)
+        result = target.collect()
+    finally:
+        target.close()
+        control.close()
+    assert result.error is not None and "cancelled" in result.error
+    later = len(result.token_ids) if result.responses else 0
+    assert len(first[contract.OUTPUT_IDS]) + later < 200
+    assert wait_for(lambda: metric(metrics, "llm_cancelled_requests_total") == cancelled_before + 1)
+
+
 def test_a_request_cancelled_while_it_waits_for_a_slot_never_starts(triton_server, passage_ids):
     """Its client cancels it while every slot is taken: the writer hears of it from Triton, the
     engine ends it at once, with every slot still taken, and it generates nothing

@@ -22,7 +22,7 @@ from backend.engine_process import EngineProcess
 from backend.outputs import BUSY, CANCELLED, INVALID, StepOutput
 from backend.params import GenerationParams, InvalidInputError
 from backend.response_writer import ResponseWriter
-from backend.triton_io import output_arrays, parse_request
+from backend.triton_io import cancel_target, output_arrays, parse_request
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -196,6 +196,10 @@ class TritonPythonModel:
         for request in requests:
             arrays = {t.name(): t.as_numpy() for t in request.inputs()}
             try:
+                target = cancel_target(arrays, request.request_id())
+                if target is not None:
+                    self._cancel(target, request.get_response_sender())
+                    continue
                 params = parse_request(arrays, self.limits, request.request_id())
             except InvalidInputError as exc:
                 error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
@@ -207,6 +211,14 @@ class TritonPythonModel:
             triton_request = _Request(request.get_response_sender(), params, names)
             self.engine.submit(params, self.writer.outbox(triton_request))
         return None
+
+    def _cancel(self, request_id: str, sender) -> None:
+        """A CANCEL request: ends the requests in flight with its id, and answers with one
+        empty final response. Unlike a Triton cancellation, the target's stream then ends with
+        its own FINAL, which the client reads (docs/design.md, "A Triton 2.51 hazard")."""
+        found = self.writer.cancel(lambda target: target.params.request_id == request_id)
+        self.logger.log_verbose(f"CANCEL {request_id}: {found} request(s) in flight")
+        sender.send(flags=FINAL)
 
     def finalize(self) -> None:
         # In the log, so that a model that never unloads shows whether finalize began

@@ -4,7 +4,10 @@ Text and chat prompts are tokenized by a call to `preprocessing`, then generated
 `llm`, rather than streamed through `ensemble`: Triton's ensemble scheduler passes a
 cancellation on only between steps, so a cancelled ensemble request keeps `llm` generating to
 the end (checked on Triton 2.51), while a cancelled `llm` stream frees the sequence at once.
-Serving code depends on the `adapter.engine_client.EngineClient` protocol only.
+A request whose caller went away is ended with a CANCEL request to `llm`, and its stream read
+to its final response, rather than cancelled through Triton (docs/design.md, "A Triton 2.51
+hazard our clients avoid"). Serving code depends on the `adapter.engine_client.EngineClient`
+protocol only.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import uuid
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
@@ -54,6 +58,11 @@ _INPUT_ERROR = re.compile(
     re.DOTALL,
 )
 _DRAIN_TIMEOUT_S = 5.0
+CANCEL_TIMEOUT_S = 30.0
+"""How long a request whose caller went away gets to end through its CANCEL request (within an
+engine step, normally) before its stream is cancelled through Triton after all."""
+CLOSE_WAIT_S = 2.0
+"""How long `close` waits for those endings before it cancels what is left."""
 
 
 def channel_args(max_reconnect_backoff_ms: int = 1000) -> list[tuple[str, int]]:
@@ -133,6 +142,8 @@ class TritonEngineClient:
         self._resolved: asyncio.Future[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._info: ModelInfo | None = None
+        self._endings: set[asyncio.Task[None]] = set()
+        """Requests whose caller went away, being ended (`_end_abandoned`)."""
 
     async def _start(self) -> None:
         """Resolves the replicas once and starts probing the ones that go down."""
@@ -275,26 +286,39 @@ class TritonEngineClient:
             ).tolist()
         params.check_fits_context(len(prompt_ids), (await self.model_info()).max_model_len)
         model = self._llm_model
+        # Unique, so that its CANCEL ends this request alone: the id may be a client's
+        # X-Request-Id, which two requests may share.
+        triton_id = f"{request_id}.{uuid.uuid4().hex[:8]}"
         request: dict[str, Any] = {
             "model_name": model,
             "inputs": to_infer_inputs(llm_inputs(params, prompt_ids)),
             "outputs": [grpcclient.InferRequestedOutput(name) for name in params.output_names],
-            "request_id": request_id,
+            "request_id": triton_id,
         }
         # No `triton_enable_empty_final_response`: the model sends FINAL with its last data.
         finished = asyncio.Event()
+        abandoned = False
 
         async def requests() -> AsyncIterator[dict[str, Any]]:
             yield request
             # Open until the final response; ending it then half-closes the stream, and Triton
             # ends the RPC.
             await finished.wait()
+            if abandoned:
+                # On this stream, so that Triton hands it to the model after the request. The
+                # model's empty final response to it is not sent to this client.
+                yield {
+                    "model_name": model,
+                    "inputs": to_infer_inputs({contract.CANCEL: np.array([True])}),
+                    "request_id": triton_id,
+                }
 
-        call = self._balancer.client(address).stream_infer(requests())
-        completed = False
+        responses = _Responses(self._balancer.client(address).stream_infer(requests()))
+        ended = False
         try:
-            async for result, error in call:
+            async for result, error in responses:
                 if error is not None:
+                    ended = True  # an error is the request's final response
                     raise error_from_triton(error.message())
                 final = result.get_response().parameters["triton_final_response"].bool_param
                 output = TritonOutput.from_arrays(
@@ -303,24 +327,50 @@ class TritonEngineClient:
                 if final:
                     if output.finish_reason is None:
                         raise EngineError(f"`{model}` sent a final response without a reason")
-                    completed = True
+                    ended = True
                     finished.set()
                 yield output
                 if final:
-                    await _drain(call, request_id)
+                    await _drain(responses, triton_id)
                     return
             raise EngineError(f"Triton closed the stream of `{model}` before the final response")
         except (grpc.RpcError, InferenceServerException) as exc:
             raise error_from_rpc(exc) from exc
         finally:
+            # Synchronous on purpose: this runs inside a cancelled task when the HTTP client
+            # went away, where an await would be cancelled again.
+            if not ended and not responses.over:
+                abandoned = True
+                self._end_abandoned(triton_id, responses)
             finished.set()
-            if not completed:
-                # Synchronous on purpose: this runs inside a cancelled task when the HTTP client
-                # went away, where an await would be cancelled again. Triton then cancels the
-                # request and the model frees the sequence.
-                call.cancel()
+
+    def _end_abandoned(self, triton_id: str, responses: _Responses) -> None:
+        """A request whose caller went away is ended by the CANCEL request its stream sends
+        next; this task reads the stream to its end, the request's final response included, so
+        the RPC ends as any finished one does. Cancelling the RPC instead can keep `llm` from
+        unloading (docs/design.md, "A Triton 2.51 hazard our clients avoid"); it is done only
+        when the stream has not ended within `CANCEL_TIMEOUT_S` (an `llm` without CANCEL)."""
+
+        async def end() -> None:
+            try:
+                await asyncio.wait_for(asyncio.shield(responses.reading), CANCEL_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                logger.warning("request %s: no end after its CANCEL; cancelling it", triton_id)
+                responses.call.cancel()
+            except asyncio.CancelledError:  # `close`
+                responses.call.cancel()
+                raise
+
+        task = asyncio.get_running_loop().create_task(end())
+        self._endings.add(task)
+        task.add_done_callback(self._endings.discard)
 
     async def close(self) -> None:
+        if self._endings:
+            await asyncio.wait(self._endings, timeout=CLOSE_WAIT_S)
+            for task in list(self._endings):
+                task.cancel()
+            await asyncio.gather(*self._endings, return_exceptions=True)
         if self._watcher is not None:
             self._watcher.cancel()
             self._watcher = None
@@ -340,15 +390,58 @@ def _unreachable(exc: BaseException) -> bool:
     return isinstance(cause, InferenceServerException) and "UNAVAILABLE" in (cause.status() or "")
 
 
-async def _drain(call: Any, request_id: str) -> None:
+class _Responses:
+    """One `llm` stream's (result, error) pairs, read by a task of its own.
+
+    grpc.aio cancels an RPC whose read is cancelled, so a caller that goes away while it waits
+    for the next response (its task cancelled) would cancel the request through Triton. Here
+    the caller waits on a queue instead, and the stream stays open for the CANCEL request that
+    ends it (`TritonEngineClient._end_abandoned`)."""
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.reading = asyncio.get_running_loop().create_task(self._read())
+
+    @property
+    def over(self) -> bool:
+        """The RPC has ended (every response is in the queue)."""
+        return self.reading.done()
+
+    async def _read(self) -> None:
+        try:
+            async for item in self.call:
+                self._queue.put_nowait(item)
+        except Exception as exc:  # handed to the caller, which raises it
+            self._queue.put_nowait(exc)
+        finally:
+            self._queue.put_nowait(_END)
+
+    def __aiter__(self) -> _Responses:
+        return self
+
+    async def __anext__(self) -> Any:
+        item = await self._queue.get()
+        if item is _END:
+            self._queue.put_nowait(_END)  # for the next reader (`_drain`)
+            raise StopAsyncIteration
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+_END = object()
+
+
+async def _drain(responses: _Responses, request_id: str) -> None:
     """Reads a finished stream to its end, so its RPC ends with OK rather than dangling."""
 
     async def read_to_end() -> None:
-        async for _ in call:
+        async for _ in responses:
             logger.warning("request %s: a response after the final one, ignored", request_id)
 
     try:
         await asyncio.wait_for(read_to_end(), _DRAIN_TIMEOUT_S)
     except asyncio.TimeoutError:
         logger.warning("request %s: the stream did not end after the final response", request_id)
-        call.cancel()
+        responses.call.cancel()

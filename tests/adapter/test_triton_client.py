@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from types import SimpleNamespace
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
+from adapter import triton_client
 from adapter.engine_client import ModelInfo
 from adapter.errors import EngineError, EngineUnavailableError, TritonInputError
 from adapter.tensors import TritonRequest
@@ -36,12 +38,19 @@ class FakeResult:
 
 
 class FakeCall:
-    """A `stream_infer` response iterator: plays (result, error) pairs, records cancel()."""
+    """A `stream_infer` response iterator: plays (result, error) pairs, records cancel(); with
+    a `gate`, the last pair waits for it."""
 
     def __init__(self, items: list[Any], gate: asyncio.Event | None = None) -> None:
         self._items = list(items)
         self._gate = gate
         self.cancelled = False
+
+    def end_with(self, item: Any) -> None:
+        """What the model does on a CANCEL: `item` is the request's last response."""
+        self._items = [item]
+        if self._gate is not None:
+            self._gate.set()
 
     def __aiter__(self) -> FakeCall:
         return self
@@ -58,12 +67,23 @@ class FakeCall:
         return True
 
 
-class FakeClient:
-    """`stream_infer` plays `call`; `infer` (preprocessing) returns `prompt_ids` or raises."""
+CANCELLED = SimpleNamespace(message=lambda: "the request was cancelled")
 
-    def __init__(self, call: FakeCall, prompt_ids: tuple[int, ...] | Exception = (1, 2, 3)) -> None:
+
+class FakeClient:
+    """`stream_infer` plays `call` and records the requests sent on it, a CANCEL ending it with
+    a CANCELLED error unless `cancel_ends` is False (an `llm` without CANCEL); `infer`
+    (preprocessing) returns `prompt_ids` or raises."""
+
+    def __init__(
+        self,
+        call: FakeCall,
+        prompt_ids: tuple[int, ...] | Exception = (1, 2, 3),
+        cancel_ends: bool = True,
+    ) -> None:
         self.call = call
         self.prompt_ids = prompt_ids
+        self.cancel_ends = cancel_ends
         self.requests: list[dict[str, Any]] = []
         self.tokenized: list[tuple[str, list[str]]] = []
 
@@ -74,10 +94,13 @@ class FakeClient:
         return FakeResult({contract.INPUT_IDS: np.array(self.prompt_ids, np.int32)}, final=True)
 
     def stream_infer(self, inputs_iterator: AsyncIterator[dict[str, Any]]) -> FakeCall:
-        async def first() -> None:
-            self.requests.append(await anext(inputs_iterator))
+        async def consume() -> None:
+            async for request in inputs_iterator:
+                self.requests.append(request)
+                if self.cancel_ends and request["inputs"][0].name() == contract.CANCEL:
+                    self.call.end_with((None, CANCELLED))
 
-        self._task = asyncio.ensure_future(first())
+        self._task = asyncio.ensure_future(consume())
         return self.call
 
     async def get_model_config(self, model: str, client_timeout: float) -> Any:
@@ -133,8 +156,10 @@ async def test_stream_ends_at_the_final_response() -> None:
     ]
     assert not call.cancelled  # a finished request is not cancelled
     assert client.tokenized == [("preprocessing", [contract.TEXT_INPUT])]
-    request = client.requests[0]
-    assert (request["model_name"], request["request_id"]) == ("llm", "req-1")
+    [request] = client.requests  # and gets no CANCEL
+    # Its Triton id is the caller's, made unique (a CANCEL ends the request with its id).
+    assert request["model_name"] == "llm"
+    assert re.fullmatch(r"req-1\.[0-9a-f]{8}", request["request_id"])
     [prompt] = request["inputs"]
     assert (prompt.name(), prompt.shape()) == (
         contract.INPUT_IDS,
@@ -171,20 +196,31 @@ async def test_preprocessing_errors_are_classified() -> None:
         _ = [o async for o in engine.generate(TritonRequest(text="x"), "r")]
 
 
-async def test_closing_early_cancels_the_triton_request() -> None:
-    gate = asyncio.Event()  # never set: the second response never comes
+def assert_ended_by_a_cancel(client: FakeClient) -> None:
+    """The stream's second request is a CANCEL with the first one's id, and the RPC was not
+    cancelled: it ended with the request's final response."""
+    request, cancel = client.requests
+    assert [tensor.name() for tensor in cancel["inputs"]] == [contract.CANCEL]
+    assert cancel["inputs"][0].shape() == [1]
+    assert (cancel["model_name"], cancel["request_id"]) == ("llm", request["request_id"])
+    assert not client.call.cancelled
+
+
+async def test_closing_early_ends_the_request_with_a_cancel_on_its_stream() -> None:
+    gate = asyncio.Event()  # set by the CANCEL alone: the second response never comes
     call = FakeCall([token(1), token(2, final=True)], gate=gate)
-    engine, _ = engine_with(call)
+    engine, client = engine_with(call)
     async with aclosing(engine.generate(TritonRequest(text="hi"), "r")) as stream:
         first = await anext(stream)
         assert first.output_ids == [1]
-    assert call.cancelled
+    await engine.close()  # which waits for the stream's end (or cancels it, failing this test)
+    assert_ended_by_a_cancel(client)
 
 
-async def test_task_cancellation_cancels_the_triton_request() -> None:
+async def test_task_cancellation_ends_the_request_with_a_cancel_on_its_stream() -> None:
     gate = asyncio.Event()
     call = FakeCall([token(1), token(2, final=True)], gate=gate)
-    engine, _ = engine_with(call)
+    engine, client = engine_with(call)
     seen: list[int] = []
 
     async def consume() -> None:
@@ -194,21 +230,40 @@ async def test_task_cancellation_cancels_the_triton_request() -> None:
     task = asyncio.ensure_future(consume())
     while not seen:
         await asyncio.sleep(0)
-    task.cancel()
+    task.cancel()  # while it waits for the next response: grpc.aio would cancel that read
     with pytest.raises(asyncio.CancelledError):
         await task
+    await engine.close()
+    assert_ended_by_a_cancel(client)
+
+
+@pytest.mark.parametrize("timeout", ["CANCEL_TIMEOUT_S", "CLOSE_WAIT_S"])
+async def test_a_stream_that_does_not_end_after_its_cancel_is_cancelled(
+    timeout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An `llm` without CANCEL keeps generating: after the bound, or at `close`, the RPC is
+    cancelled after all."""
+    monkeypatch.setattr(triton_client, timeout, 0.0)
+    call = FakeCall([token(1), token(2, final=True)], gate=asyncio.Event())
+    engine, client = engine_with(call, cancel_ends=False)
+    async with aclosing(engine.generate(TritonRequest(text="hi"), "r")) as stream:
+        await anext(stream)
+    await engine.close()
     assert call.cancelled
+    assert [r["inputs"][0].name() for r in client.requests] == [contract.INPUT_IDS, contract.CANCEL]
 
 
 async def test_stream_error_is_classified() -> None:
     error = SimpleNamespace(message=lambda: "LOGPROB_TOKEN_IDS: id 70000 is outside the vocabulary")
-    engine, _ = engine_with(FakeCall([(None, error)]))
+    engine, client = engine_with(FakeCall([(None, error)]))
     with pytest.raises(TritonInputError) as info:
         _ = [o async for o in engine.generate(TritonRequest(text="hi"), "r")]
     assert (info.value.tensor, info.value.detail) == (
         contract.LOGPROB_TOKEN_IDS,
         "id 70000 is outside the vocabulary",
     )
+    await engine.close()
+    assert len(client.requests) == 1  # an error is a final response: nothing to cancel
 
 
 async def test_stream_without_final_is_an_engine_error() -> None:

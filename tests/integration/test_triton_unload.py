@@ -1,15 +1,16 @@
-"""After a load where clients hang up mid-stream (a disconnect cancels the Triton request) and
-others read to the final response and half-close (as the adapter and the bench do), every
-request was released: tritonserver unloads `llm` and exits 0 on SIGTERM, rather than waiting
-on requests it still counts in flight.
+"""After a load where clients end requests early, every request was released: tritonserver
+unloads `llm` and exits 0 on SIGTERM, rather than waiting on requests it still counts in
+flight. A third of the clients hang up mid-stream (cancelling through Triton, as tritonclient
+users do); a third read to the final response and then send a CANCEL request with its id on
+the same stream, what the adapter does when a client's hang-up crosses its request's final
+response; the rest read to the final response and half-close.
 
-Not covered, because Triton 2.51 itself fails it: a client that *cancels* a stream after its
-final response, while the stub is busy, can leave `llm` never unloaded (docs/design.md,
-"Streaming responses"). No client of ours does that on purpose, but a hang-up races the final
-response when the request is about to finish: with 16 or 32 tokens, a client that had read two
-responses sometimes cancelled after its FINAL had been sent (`llm` then never unloaded, once in
-a CI run). So a client that hangs up asks for as many tokens as the context holds, and cancels
-while most of them are still to be generated.
+Not covered, because Triton 2.51 itself fails it: a client that *cancels through Triton* a
+stream whose final response was sent, while the stub is busy, can leave `llm` never unloaded
+(docs/design.md, "A Triton 2.51 hazard our clients avoid"). So a client that hangs up here asks
+for as many tokens as the context holds, and cancels while most of them are still to be
+generated: with 16 or 32 tokens, a client that had read two responses sometimes cancelled after
+its FINAL had been sent (`llm` then never unloaded, once in a CI run).
 
 Its own tritonserver, not the session's: this test stops it."""
 
@@ -45,7 +46,11 @@ def _prompt_len(index: int) -> int:
 
 
 def _hangs_up(index: int) -> bool:
-    return index % 2 == 1
+    return index % 3 == 1
+
+
+def _cancels_after_its_final(index: int) -> bool:
+    return index % 3 == 2
 
 
 @pytest.mark.timeout(600)
@@ -62,7 +67,7 @@ def test_a_load_with_disconnects_leaves_nothing_in_flight(model_dir: Path, tmp_p
         def one(index: int) -> int:
             """Tokens read before the stream ended or the client hung up."""
             streamer = Streamer(server.grpc_url)
-            tokens, final = 0, False
+            tokens, final, request_id = 0, False, f"request-{index}"
             try:
                 streamer.send(
                     "llm",
@@ -71,6 +76,7 @@ def test_a_load_with_disconnects_leaves_nothing_in_flight(model_dir: Path, tmp_p
                         contract.MAX_TOKENS: np.array([_max_tokens(index)], np.int32),
                         contract.IGNORE_EOS: np.array([True]),
                     },
+                    request_id,
                 )
                 responses = 0
                 while not final and not (_hangs_up(index) and responses == READ_BEFORE_HANGING_UP):
@@ -79,6 +85,10 @@ def test_a_load_with_disconnects_leaves_nothing_in_flight(model_dir: Path, tmp_p
                     assert outputs is not None
                     tokens += outputs[contract.OUTPUT_IDS].size
                     responses += 1
+                if _cancels_after_its_final(index):
+                    cancel = {contract.CANCEL: np.array([True])}
+                    streamer.send("llm", cancel, request_id, empty_final=True)
+                    assert streamer.next() == ({}, None, True)  # found nothing, answered
                 return tokens
             finally:
                 streamer.close(cancel=not final)

@@ -215,7 +215,8 @@ class TritonPythonModel:
     def _cancel(self, request_id: str, sender) -> None:
         """A CANCEL request: ends the requests in flight with its id, and answers with one
         empty final response. Unlike a Triton cancellation, the target's stream then ends with
-        its own FINAL, which the client reads (docs/design.md, "A Triton 2.51 hazard")."""
+        its own FINAL, which the client reads (docs/design.md, "A Triton 2.51 hazard our clients
+        avoid")."""
         found = self.writer.cancel(lambda target: target.params.request_id == request_id)
         self.logger.log_verbose(f"CANCEL {request_id}: {found} request(s) in flight")
         sender.send(flags=FINAL)

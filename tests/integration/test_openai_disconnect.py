@@ -1,4 +1,6 @@
-"""A client that goes away mid-stream cancels its Triton request and frees the sequence."""
+"""A client that goes away mid-stream ends its Triton request and frees the sequence: the
+adapter sends a CANCEL on the request's stream (docs/tensors.md, "Ending a request"); a CANCEL
+that `llm` refused would leave the request generating to MAX_TOKENS, counted as finished."""
 
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ def test_disconnect_cancels_the_triton_request(
             assert response.status_code == 200
             assert next(line for line in response.iter_lines() if line.startswith("data: "))
         # The connection is closed, long before MAX_TOKENS. The engine goes on only once the
-        # adapter has seen it and cancelled the Triton request (only the scrape is in flight).
+        # adapter has seen it and sent the CANCEL (only the scrape is in flight).
         assert wait_for(lambda: adapter_metric(adapter_server, "adapter_requests_in_flight") == 1)
     assert wait_for(lambda: metric(metrics, "llm_cancelled_requests_total") == cancelled + 1)
     assert wait_for(lambda: metric(metrics, "llm_active_sequences") == 0)

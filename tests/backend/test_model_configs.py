@@ -18,7 +18,9 @@ def test_the_ensemble_takes_text_or_chat_and_llm_takes_ids() -> None:
     llm, ensemble = contract.MODELS["llm"], contract.MODELS["ensemble"]
     preprocessing = contract.MODELS["preprocessing"]
     assert ensemble.outputs == llm.outputs
+    # CANCEL is llm's alone: through the ensemble it would reach preprocessing first.
     assert set(ensemble.inputs) == (set(llm.inputs) | set(preprocessing.inputs)) - {
-        contract.INPUT_IDS
+        contract.INPUT_IDS,
+        contract.CANCEL,
     }
     assert preprocessing.outputs == {contract.INPUT_IDS, contract.TOKEN_BYTES}

@@ -2,19 +2,29 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# What each command installs: serving needs the engine and the adapter; the suite also needs its
+# tools and the validators of docker/ and deploy/. A stamp per set, so that `make serve` on a
+# fresh clone installs no test tools and `make test` after it adds only those.
+SERVE_STAMP := $(VENV)/.installed-serve
+TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: serve test lint venv gpu-check
 
-venv: $(STAMP)
+venv: $(TEST_STAMP)
 
-$(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(PY):
+	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[engine,adapter,test,deploy]'
-	touch $(STAMP)
 
-serve: $(STAMP)
+$(SERVE_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[engine,adapter]'
+	touch $@
+
+$(TEST_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[engine,adapter,test,deploy]'
+	touch $@
+
+serve: $(SERVE_STAMP)
 	$(PY) -m backend.launcher $(ARGS)
 
 test: lint
@@ -22,7 +32,7 @@ test: lint
 
 # ruff, its format check and mypy ([tool.mypy] in pyproject.toml). Each model.py is checked on
 # its own: Triton loads each as a module named `model`.
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy

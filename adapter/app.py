@@ -20,6 +20,7 @@ from adapter.completions.serving import OpenAIServingCompletion
 from adapter.engine_client import EngineClient
 from adapter.errors import (
     EXPECTED_ERRORS,
+    WORK_ERROR_STATUSES,
     EngineError,
     EngineUnavailableError,
     ErrorInfo,
@@ -27,6 +28,7 @@ from adapter.errors import (
     InvalidRequestError,
     error_headers,
     error_response,
+    error_responses,
 )
 from adapter.limits import ConcurrencyLimiter
 from adapter.metrics import AdapterMetrics
@@ -101,22 +103,6 @@ def register_error_handlers(app: FastAPI) -> None:
         return _json_error(exc)
 
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorResponse, "description": description}
-    for status, description in {
-        400: "Invalid request (validation included: never 422)",
-        401: "Missing or wrong API key",
-        404: "Unknown model",
-        413: "Request body too large",
-        429: "Concurrency limit and wait queue full (`Retry-After`)",
-        500: "Server error",
-        503: "Triton not ready, engine queue full, or the adapter shutting down",
-        504: "Request timeout",
-    }.items()
-}
-"""The OpenAI error objects every API route may answer, for the OpenAPI schema."""
-
-
 def openapi_schema(app: FastAPI) -> dict[str, Any]:
     """FastAPI's schema without its 422 validation responses: the adapter answers 400 with an
     OpenAI error object instead (`register_error_handlers`)."""
@@ -171,7 +157,7 @@ def create_app(
     register_error_handlers(app)
     app.include_router(common_router)
     for router in (completions_router, chat_router, tokenize_router, scoring_router):
-        app.include_router(router, responses=ERROR_RESPONSES)
+        app.include_router(router, responses=error_responses(*WORK_ERROR_STATUSES))
     app.include_router(metrics_router)
     app.add_middleware(
         RequestGuard,

@@ -154,3 +154,25 @@ def error_response(exc: BaseException) -> tuple[HTTPStatus, ErrorResponse]:
 def error_headers(exc: BaseException) -> dict[str, str]:
     """Headers an error response carries (`Retry-After`, `WWW-Authenticate`, ...)."""
     return dict(getattr(exc, "headers", None) or {})
+
+
+_ERROR_DESCRIPTIONS = {
+    400: "Invalid request (validation included: never 422)",
+    401: "Missing or wrong API key",
+    404: "Unknown model",
+    413: "Request body too large",
+    429: "Concurrency limit and wait queue full (`Retry-After`)",
+    500: "Server error",
+    503: "Triton not ready, engine queue full, or the adapter shutting down",
+    504: "Request timeout",
+}
+WORK_ERROR_STATUSES = tuple(_ERROR_DESCRIPTIONS)
+"""What a request that calls Triton (`access.WORK_PATHS`) may answer besides 200."""
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI `responses` of a route that may answer these statuses with an error object."""
+    return {
+        status: {"model": ErrorResponse, "description": _ERROR_DESCRIPTIONS[status]}
+        for status in statuses
+    }

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from adapter.deps import EngineClientDep, ModelsDep
-from adapter.errors import EngineUnavailableError
+from adapter.errors import EngineUnavailableError, error_responses
 from adapter.protocol import ModelCard, ModelList
 
 router = APIRouter()
@@ -17,7 +17,7 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/health/ready")
+@router.get("/health/ready", responses=error_responses(500, 503))
 async def ready(engine: EngineClientDep) -> dict[str, str]:
     """Triton and both models are ready (503 otherwise); also caches the model's limits.
 
@@ -28,11 +28,11 @@ async def ready(engine: EngineClientDep) -> dict[str, str]:
     return {"status": "ready"}
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=error_responses(401, 500, 503))
 async def list_models(models: ModelsDep) -> ModelList:
     return await models.list_models()
 
 
-@router.get("/v1/models/{model_id:path}")
+@router.get("/v1/models/{model_id:path}", responses=error_responses(401, 404, 500, 503))
 async def retrieve_model(model_id: str, models: ModelsDep) -> ModelCard:
     return await models.model_card(model_id)

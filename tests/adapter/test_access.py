@@ -79,6 +79,14 @@ def test_api_routes_refuse_a_missing_or_wrong_key(
     assert engine.requests == engine.tokenized == []  # refused before any work
 
 
+@pytest.mark.parametrize(("method", "path", "body"), API_REQUESTS[:-1])
+def test_the_schema_says_api_routes_may_answer_401(
+    keyed: TestClient, method: str, path: str, body: dict | None
+) -> None:
+    operation = keyed.get("/openapi.json").json()["paths"][path.replace("/tiny", "/{model_id}")]
+    assert "401" in operation[method.lower()]["responses"]
+
+
 @pytest.mark.parametrize(("method", "path", "body"), API_REQUESTS)
 def test_api_routes_serve_the_right_key(
     keyed: TestClient, method: str, path: str, body: dict | None

@@ -22,12 +22,18 @@ def test_health(client: TestClient) -> None:
     assert client.get("/health").json() == {"status": "ok"}
 
 
+def documented_statuses(client: TestClient, path: str) -> set[str]:
+    """The statuses the OpenAPI schema lists for GET `path`."""
+    return set(client.get("/openapi.json").json()["paths"][path]["get"]["responses"])
+
+
 def test_ready(engine: FakeEngine, client: TestClient) -> None:
     assert client.get("/health/ready").json() == {"status": "ready"}
     engine.ready = False
     response = client.get("/health/ready")
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "service_unavailable"
+    assert documented_statuses(client, "/health/ready") == {"200", "500", "503"}
 
 
 def test_models(client: TestClient) -> None:
@@ -44,6 +50,14 @@ def test_models(client: TestClient) -> None:
     missing = client.get("/v1/models/other")
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "model_not_found"
+    assert documented_statuses(client, "/v1/models") == {"200", "401", "500", "503"}
+    assert documented_statuses(client, "/v1/models/{model_id}") == {
+        "200",
+        "401",
+        "404",
+        "500",
+        "503",
+    }
 
 
 def test_served_name_defaults_to_the_model_folder() -> None:

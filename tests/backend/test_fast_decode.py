@@ -20,6 +20,7 @@ from transformers import (
     Qwen3Config,
 )
 
+from backend.fast_decode import PACKED_LM_HEAD_MIN_ROWS
 from backend.model_runner import ModelRunner
 
 _SIZES = {
@@ -139,6 +140,38 @@ def test_cpu_lm_head_is_column_major_with_the_same_logits(
     assert (got - want[:-1]).abs().max().item() <= 1e-5
     got_next = runner.decode([prompt[-1]], [len(prompt) - 1])
     assert (got_next[0] - want[-1]).abs().max().item() <= 1e-5
+
+
+def test_cpu_logits_of_several_rows_come_from_the_packed_lm_head(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From `PACKED_LM_HEAD_MIN_ROWS` rows the CPU logits go through oneDNN's packed weight
+    (docs/design.md, "The engine step"), fewer through `F.linear`; either way they match the
+    final norm and lm_head computed in float64."""
+    path = str(_save(LlamaConfig(**_SIZES), model_dir, tmp_path / "m"))
+    runner = ModelRunner(path, device="cpu", max_num_seqs=2, max_model_len=128)
+    fast = runner._fast
+    assert fast is not None
+    packed_calls: list[int] = []
+    packed = torch.ops.mkldnn._linear_pointwise
+
+    def spy(x: torch.Tensor, *args: object) -> torch.Tensor:
+        packed_calls.append(x.shape[0])
+        return packed(x, *args)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
+    norm = runner.model.model.norm
+    weight = runner.model.get_output_embeddings().weight.double()
+    generator = torch.Generator().manual_seed(0)
+    for rows in (1, PACKED_LM_HEAD_MIN_ROWS - 1, PACKED_LM_HEAD_MIN_ROWS, 16):
+        hidden = torch.randn(rows, _SIZES["hidden_size"], generator=generator)
+        h64 = hidden.double()
+        h64 = h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+        want = (norm.weight.double() * h64) @ weight.T
+        with torch.inference_mode():
+            got = fast._logits(hidden)
+        assert (got.double() - want).abs().max().item() <= 1e-5
+    assert packed_calls == [PACKED_LM_HEAD_MIN_ROWS, 16]
 
 
 @pytest.mark.parametrize("fast_decode", [True, False])

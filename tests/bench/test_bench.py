@@ -16,7 +16,7 @@ import pytest
 from bench.engine_alone import EngineTarget
 from bench.environment import OthersCpu, Waiting, thread_schedstats
 from bench.loadgen import RequestSpec, Summary, run_load
-from bench.plot import plot
+from bench.plot import figure, plot
 from bench.run import (
     ADAPTER,
     ENGINE,
@@ -139,6 +139,16 @@ def test_the_plot_is_a_png(tmp_path: Path) -> None:
         path,
     )
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_each_of_a_sweeps_eleven_scenarios_has_a_colour_of_its_own() -> None:
+    names = [f"ours: scenario {index}" for index in range(8)] + [f"{PEER} {i}" for i in range(3)]
+    drawn = figure([_run(name, c, 100 * c, 0.01 * c) for name in names for c in (1, 16)])
+    for axes in drawn.axes:
+        colours = [line.get_color() for line in axes.get_lines()]
+        assert [line.get_label() for line in axes.get_lines()] == names
+        assert len(set(colours)) == len(names)
+    assert drawn.axes[0].get_lines()[3].get_color() == drawn.axes[1].get_lines()[3].get_color()
 
 
 def test_the_table_shows_the_served_engines_wait_for_a_cpu_and_the_cpu_per_token() -> None:

@@ -11,6 +11,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import pytest
 
 from bench.engine_alone import EngineTarget
@@ -144,11 +145,11 @@ def test_the_plot_is_a_png(tmp_path: Path) -> None:
 def test_each_of_a_sweeps_eleven_scenarios_has_a_colour_of_its_own() -> None:
     names = [f"ours: scenario {index}" for index in range(8)] + [f"{PEER} {i}" for i in range(3)]
     drawn = figure([_run(name, c, 100 * c, 0.01 * c) for name in names for c in (1, 16)])
-    for axes in drawn.axes:
-        colours = [line.get_color() for line in axes.get_lines()]
-        assert [line.get_label() for line in axes.get_lines()] == names
-        assert len(set(colours)) == len(names)
-    assert drawn.axes[0].get_lines()[3].get_color() == drawn.axes[1].get_lines()[3].get_color()
+    rate, ttft = ([line for line in axes.get_lines()] for axes in drawn.axes)
+    plt.close(drawn)
+    assert [line.get_label() for line in rate] == names
+    assert len({line.get_color() for line in rate}) == len(names)
+    assert [line.get_color() for line in rate] == [line.get_color() for line in ttft]
 
 
 def test_the_table_shows_the_served_engines_wait_for_a_cpu_and_the_cpu_per_token() -> None:

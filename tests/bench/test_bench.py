@@ -145,7 +145,7 @@ def test_the_plot_is_a_png(tmp_path: Path) -> None:
 def test_each_of_a_sweeps_eleven_scenarios_has_a_colour_of_its_own() -> None:
     names = [f"ours: scenario {index}" for index in range(8)] + [f"{PEER} {i}" for i in range(3)]
     drawn = figure([_run(name, c, 100 * c, 0.01 * c) for name in names for c in (1, 16)])
-    rate, ttft = ([line for line in axes.get_lines()] for axes in drawn.axes)
+    rate, ttft = (list(axes.get_lines()) for axes in drawn.axes)
     plt.close(drawn)
     assert [line.get_label() for line in rate] == names
     assert len({line.get_color() for line in rate}) == len(names)

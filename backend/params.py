@@ -14,6 +14,7 @@ class InvalidInputError(ValueError):
     def __init__(self, parameter: str, message: str) -> None:
         super().__init__(f"{parameter}: {message}")
         self.parameter = parameter
+        self.detail = message
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ and token ids -> their bytes (detokenization, token strings), without running th
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from backend.chat_template import (
 from backend.context_length import served_context_length
 from backend.contract import (
     ADD_GENERATION_PROMPT,
+    ADD_SPECIAL_TOKENS,
     CHAT_TEMPLATE_KWARGS,
     CONTINUE_FINAL_MESSAGE,
     INPUT_IDS,
@@ -108,6 +110,24 @@ class Preprocessor:
             for key, value in given.items()
             if key in self._template_variables and key not in SERVER_SET_VARIABLES
         }
+
+    def run_inputs(self, inputs: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """`run` on the `preprocessing` model's input tensors by name (absent ones omitted), as
+        the model and the adapter's local preprocessing both receive them."""
+
+        def flag(name: str) -> bool | None:
+            value = inputs.get(name)
+            return None if value is None else bool(np.asarray(value).reshape(-1)[0])
+
+        return self.run(
+            inputs.get(TEXT_INPUT),
+            inputs.get(MESSAGES),
+            flag(ADD_SPECIAL_TOKENS),
+            inputs.get(INPUT_IDS),
+            add_generation_prompt=flag(ADD_GENERATION_PROMPT),
+            continue_final_message=flag(CONTINUE_FINAL_MESSAGE),
+            chat_template_kwargs=inputs.get(CHAT_TEMPLATE_KWARGS),
+        )
 
     def run(
         self,

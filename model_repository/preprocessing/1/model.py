@@ -6,28 +6,17 @@ import json
 import triton_python_backend_utils as pb_utils
 
 from backend.config import PreprocessingConfig
-from backend.contract import (
-    ADD_GENERATION_PROMPT,
-    ADD_SPECIAL_TOKENS,
-    CHAT_TEMPLATE_KWARGS,
-    CONTINUE_FINAL_MESSAGE,
-    INPUT_IDS,
-    MESSAGES,
-    TEXT_INPUT,
-    TOKEN_BYTES,
-)
+from backend.contract import INPUT_IDS, MODELS, TOKEN_BYTES
 from backend.params import InvalidInputError
 from backend.preprocessing import Preprocessor
 
-
-def _input(request, name: str):
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return None if tensor is None else tensor.as_numpy()
+INPUTS = tuple(MODELS["preprocessing"].inputs)
 
 
-def _flag(request, name: str) -> bool | None:
-    value = _input(request, name)
-    return None if value is None else bool(value.reshape(-1)[0])
+def _inputs(request) -> dict:
+    """The request's input arrays by name; absent ones left out."""
+    tensors = {name: pb_utils.get_input_tensor_by_name(request, name) for name in INPUTS}
+    return {name: tensor.as_numpy() for name, tensor in tensors.items() if tensor is not None}
 
 
 class TritonPythonModel:
@@ -40,15 +29,7 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                ids, token_bytes = self.preprocessor.run(
-                    _input(request, TEXT_INPUT),
-                    _input(request, MESSAGES),
-                    _flag(request, ADD_SPECIAL_TOKENS),
-                    _input(request, INPUT_IDS),
-                    add_generation_prompt=_flag(request, ADD_GENERATION_PROMPT),
-                    continue_final_message=_flag(request, CONTINUE_FINAL_MESSAGE),
-                    chat_template_kwargs=_input(request, CHAT_TEMPLATE_KWARGS),
-                )
+                ids, token_bytes = self.preprocessor.run_inputs(_inputs(request))
             except InvalidInputError as exc:
                 error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
                 responses.append(pb_utils.InferenceResponse(error=error))

@@ -28,7 +28,10 @@ def parse_args(argv: Sequence[str] | None = None) -> dict[str, Any]:
             f"--{name.replace('_', '-')}",
             dest=name,
             default=None,
-            type=type(field.default) if isinstance(field.default, int | float) else str,
+            # a bool's text ("false") is parsed by pydantic: bool("false") would be True
+            type=type(field.default)
+            if isinstance(field.default, int | float) and not isinstance(field.default, bool)
+            else str,
             help=f"{field.description} (env ADAPTER_{name.upper()}; default {field.default!r})",
         )
     return {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}

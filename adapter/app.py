@@ -31,6 +31,7 @@ from adapter.errors import (
     error_responses,
 )
 from adapter.limits import ConcurrencyLimiter
+from adapter.local_preprocessing import LocalPreprocessing
 from adapter.metrics import AdapterMetrics
 from adapter.metrics import router as metrics_router
 from adapter.middleware import RequestGuard
@@ -130,12 +131,14 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        triton = engine or TritonEngineClient(
+        triton: EngineClient = engine or TritonEngineClient(
             settings.triton_url,
             preprocessing_model=settings.preprocessing_model,
             llm_model=settings.llm_model,
             timeout_s=settings.triton_timeout_s,
         )
+        if settings.local_preprocessing:
+            triton = LocalPreprocessing(triton)
         if settings.api_key is None:
             logger.warning("no API key is set: /v1 is open to anyone who reaches the port")
         models = OpenAIServingModels(triton, settings.served_model_name)

@@ -30,6 +30,13 @@ class AdapterSettings(BaseSettings):
     preprocessing_model: str = Field(
         default="preprocessing", description="Triton model that tokenizes text and chat prompts."
     )
+    local_preprocessing: bool = Field(
+        default=True,
+        description="Tokenize text and chat prompts in the adapter, with the `llm` model's "
+        "tokenizer and chat template read from its `model_path`, where this host has that "
+        "folder and `transformers` (as `make serve` does; the adapter's image does not): a "
+        "Triton round trip less per request. Elsewhere, or when false, `preprocessing` does it.",
+    )
     llm_model: str = Field(
         default="llm", description="Triton generation model; holds the config parameters."
     )

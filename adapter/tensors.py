@@ -20,7 +20,7 @@ from backend.structured_output import StructuredOutput
 class TritonRequest:
     """One generation request in the models' terms; `None` / empty leaves the model's default.
 
-    One prompt field is set, or `text` with `prompt_ids` once the adapter has tokenized it
+    One prompt field is set, or `text` or `messages` with `prompt_ids` once they are tokenized
     (the text stays for `echo`); `prompt_ids` then go to `llm`. `logprob_token_ids` and
     `prompt_logprob_token_ids` hold distinct ids: column j of LOGPROB_TOKEN_LOGPROBS
     (PROMPT_LOGPROB_TOKEN_LOGPROBS) is then id j, with no duplicate columns to skip.
@@ -30,11 +30,11 @@ class TritonRequest:
     text: str | None = None
     """Completion prompt text (TEXT_INPUT of `preprocessing`)."""
     messages: tuple[Mapping[str, Any], ...] | None = None
-    """Chat messages, rendered by the chat template inside Triton (MESSAGES of `preprocessing`)."""
+    """Chat messages, for the chat template (MESSAGES of `preprocessing`)."""
     prompt_ids: tuple[int, ...] | None = None
     """Token-id prompt (INPUT_IDS of `llm`)."""
     add_special_tokens: bool | None = None
-    """Text and chat prompts only (the tokenizer runs inside Triton)."""
+    """Text and chat prompts only (for the tokenizer)."""
     add_generation_prompt: bool | None = None
     """Chat only: end the rendered chat with the assistant's header (the model's default)."""
     continue_final_message: bool | None = None

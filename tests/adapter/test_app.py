@@ -119,6 +119,12 @@ def test_cli_overrides_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert AdapterSettings().port == 9100
 
 
+@pytest.mark.parametrize(("flag", "value"), [("false", False), ("0", False), ("true", True)])
+def test_a_boolean_flag_reads_its_text(flag: str, value: bool) -> None:
+    settings = AdapterSettings(**parse_args(["--local-preprocessing", flag]))
+    assert settings.local_preprocessing is value
+
+
 def test_a_bug_is_a_500_error_object(engine: FakeEngine) -> None:
     engine.script = [RuntimeError("unexpected")]
     app = create_app(AdapterSettings(served_model_name="tiny"), engine=engine)

@@ -69,6 +69,10 @@ GRPC_LOGPROBS = "ours: Triton gRPC + LOGPROBS=0"
 needs, without the ids. It splits the ids' goal into what any logprob costs and what they add."""
 ADAPTER = "ours: adapter completions"
 ADAPTER_CHAT = "ours: adapter chat"
+ADAPTER_CHAT_BY_TRITON = "ours: adapter chat, tokenized by preprocessing"
+"""Chat through an adapter with `local_preprocessing` off: the `preprocessing` round trip that
+tokenizing in the adapter saves, measured beside it (docs/design.md, "Tokenizing in the
+adapter")."""
 PEER = "transformers serve"
 REFERENCE_CONCURRENCY = 16  # where the goals are set
 WARMUP_TOKENS = 8
@@ -307,11 +311,13 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def adapter_target(base_url: str, chat: bool, concurrency: int) -> OpenAITarget:
+def adapter_target(
+    base_url: str, chat: bool, concurrency: int, name: str | None = None
+) -> OpenAITarget:
     return OpenAITarget(
         base_url,
         "bench",
-        ADAPTER_CHAT if chat else ADAPTER,
+        name or (ADAPTER_CHAT if chat else ADAPTER),
         chat=chat,
         token_ids=True,
         extra={"ignore_eos": True, "stream_options": {"include_usage": True}},
@@ -339,10 +345,12 @@ def scenarios(
     vocab_size: int,
     chat: bool,
     engine_pid: int | None = None,
+    adapter_by_triton_url: str | None = None,
 ) -> list[Scenario]:
     """Every scenario, those a goal compares next to each other: per concurrency the engine
-    alone, gRPC, (the explicit ids at the reference one), the adapter, then each peer mode.
-    `peers`: base URL by mode; `engine_pid`: the served engine's process."""
+    alone, gRPC, (the explicit ids at the reference one), the adapter (and, at the reference
+    one, chat through `adapter_by_triton_url`), then each peer mode. `peers`: base URL by
+    mode; `engine_pid`: the served engine's process."""
     ids = explicit_ids(vocab_size)
     endpoints = (False, True) if chat else (False,)
     out: list[Scenario] = []
@@ -370,6 +378,10 @@ def scenarios(
         for is_chat in endpoints:
             name = ADAPTER_CHAT if is_chat else ADAPTER
             make = functools.partial(adapter_target, adapter_url, is_chat, c)
+            out.append(Scenario(name, c, make, engine_pid))
+        if chat and c == plan.reference and adapter_by_triton_url is not None:
+            name = ADAPTER_CHAT_BY_TRITON
+            make = functools.partial(adapter_target, adapter_by_triton_url, True, c, name)
             out.append(Scenario(name, c, make, engine_pid))
         for mode, url in peers.items():
             for is_chat in endpoints:
@@ -414,6 +426,18 @@ def run_all(
                 nice=adapter_nice,
             )
         )
+        by_triton = None
+        if chat:
+            by_triton = servers.enter_context(
+                AdapterServer(
+                    triton.grpc_url,
+                    port=0,
+                    served_model_name="bench",
+                    log_path=tmp / "adapter-by-triton.log",
+                    options={"log_level": "warning", "local_preprocessing": "false"},
+                    nice=adapter_nice,
+                )
+            )
         peers = {}
         for mode, batching in (("plain", False), ("continuous-batching", True)) if peer else ():
             server = PeerServer(model, free_port(), batching, tmp / f"peer-{mode}.log")
@@ -429,6 +453,7 @@ def run_all(
             vocab_size,
             chat,
             engine_of(stub).pid,
+            by_triton.url if by_triton else None,
         )
         return run_rounds(every, specs, plan)
 
@@ -557,6 +582,11 @@ def ratios(plan: Plan, summaries: Sequence[Summary]) -> list[Ratio]:
             ),
             Ratio.of(f"{what}, TTFT p50", ours.ttft_p50, best.ttft_p50, False, 1, ours, best),
         ]
+    chat, chat_by_triton = by_name.get((ADAPTER_CHAT, c)), by_name.get((ADAPTER_CHAT_BY_TRITON, c))
+    if chat and chat_by_triton:
+        what = f"chat tokenized in the adapter / by preprocessing, TTFT p50, C={c}"
+        runs = (chat, chat_by_triton)
+        out.append(Ratio.of(what, chat.ttft_p50, chat_by_triton.ttft_p50, False, None, *runs))
     grpc, adapter = by_name.get((GRPC, c)), by_name.get((ADAPTER, c))
     explicit = by_name.get((GRPC_EXPLICIT, c))
     if adapter and grpc:

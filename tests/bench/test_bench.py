@@ -20,6 +20,8 @@ from bench.loadgen import RequestSpec, Summary, run_load
 from bench.plot import figure, plot
 from bench.run import (
     ADAPTER,
+    ADAPTER_CHAT,
+    ADAPTER_CHAT_BY_TRITON,
     ENGINE,
     ENGINE_EXPLICIT,
     GRPC,
@@ -108,6 +110,14 @@ def test_the_ids_goal_is_split_into_the_normaliser_and_the_ids() -> None:
     # The goal's cost as CPU per token: 0.52 s over 800 tokens against 0.5 s over 1000.
     cpu = found["1024 explicit ids / none, our CPU per token, C=16"]
     assert math.isclose(cpu.value, 1.3) and cpu.met is None
+
+
+def test_chat_tokenized_in_the_adapter_is_compared_with_preprocessing() -> None:
+    plan = Plan((16,), 54, 9, (32,), 0.0, 1)
+    summaries = [_run(ADAPTER_CHAT, 16, 900, 0.045), _run(ADAPTER_CHAT_BY_TRITON, 16, 850, 0.06)]
+    [found] = ratios(plan, summaries)
+    assert found.what == "chat tokenized in the adapter / by preprocessing, TTFT p50, C=16"
+    assert math.isclose(found.value, 0.75) and found.met is None
 
 
 def test_rounds_report_the_median_ratio_and_keep_one_peer_mode() -> None:

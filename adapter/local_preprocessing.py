@@ -73,7 +73,13 @@ class LocalPreprocessing:
             raise TritonInputError(exc.parameter, exc.detail) from exc
 
     async def is_ready(self) -> bool:
-        return await self._engine.is_ready()
+        """Once Triton is ready, also once the tokenizer has loaded (or is known not to be
+        here): with `transformers` and torch in the adapter's environment, that takes seconds,
+        which the first requests would otherwise wait."""
+        if not await self._engine.is_ready():
+            return False
+        await self._preprocessor()
+        return True
 
     async def model_info(self) -> ModelInfo:
         return await self._engine.model_info()

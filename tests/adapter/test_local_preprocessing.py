@@ -4,6 +4,7 @@ to it; refused input gets preprocessing's 400; without the folder, `preprocessin
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -112,3 +113,18 @@ def test_switched_off_preprocessing_tokenizes(engine: FakeEngine) -> None:
         assert client.post("/v1/chat/completions", json=chat).status_code == 200
     [(params, _)] = engine.requests
     assert params.prompt_ids is None and params.messages == tuple(MESSAGES)
+
+
+def test_ready_once_the_tokenizer_has_loaded(
+    engine: FakeEngine, client: TestClient, model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def loaded() -> list[str]:
+        return [r.message for r in caplog.records if r.name == "adapter.local_preprocessing"]
+
+    engine.ready = False
+    with caplog.at_level(logging.INFO, logger="adapter.local_preprocessing"):
+        assert client.get("/health/ready").status_code == 503
+        assert loaded() == []
+        engine.ready = True
+        assert client.get("/health/ready").status_code == 200
+        assert loaded() == [f"prompts are tokenized in the adapter, with {model_dir}"]

@@ -28,7 +28,9 @@ class AdapterSettings(BaseSettings):
         "component of the `llm` model's `model_path` config parameter.",
     )
     preprocessing_model: str = Field(
-        default="preprocessing", description="Triton model that tokenizes text and chat prompts."
+        default="preprocessing",
+        description="Triton model that tokenizes text and chat prompts the adapter does not "
+        "(`local_preprocessing`).",
     )
     local_preprocessing: bool = Field(
         default=True,

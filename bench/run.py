@@ -416,28 +416,23 @@ def run_all(
         triton = servers.enter_context(
             TritonServer(repository, 0, 0, 0, log_path=tmp / "tritonserver.log")
         )
-        adapter = servers.enter_context(
-            AdapterServer(
-                triton.grpc_url,
-                port=0,
-                served_model_name="bench",
-                log_path=tmp / "adapter.log",
-                options={"log_level": "warning"},
-                nice=adapter_nice,
-            )
-        )
-        by_triton = None
-        if chat:
-            by_triton = servers.enter_context(
+
+        def start_adapter(log_name: str, **options: str) -> AdapterServer:
+            return servers.enter_context(
                 AdapterServer(
                     triton.grpc_url,
                     port=0,
                     served_model_name="bench",
-                    log_path=tmp / "adapter-by-triton.log",
-                    options={"log_level": "warning", "local_preprocessing": "false"},
+                    log_path=tmp / log_name,
+                    options={"log_level": "warning", **options},
                     nice=adapter_nice,
                 )
             )
+
+        adapter = start_adapter("adapter.log")
+        by_triton = (
+            start_adapter("adapter-by-triton.log", local_preprocessing="false") if chat else None
+        )
         peers = {}
         for mode, batching in (("plain", False), ("continuous-batching", True)) if peer else ():
             server = PeerServer(model, free_port(), batching, tmp / f"peer-{mode}.log")

@@ -88,6 +88,9 @@ class LocalPreprocessing:
         preprocessor = await self._preprocessor()
         if preprocessor is None:
             return await self._engine.tokenize(params, request_id)
+        return await self._ids(preprocessor, params)
+
+    async def _ids(self, preprocessor: Preprocessor, params: TritonRequest) -> list[int]:
         ids, _ = await self._run(preprocessor, preprocessing_inputs(params))
         return ids.tolist()
 
@@ -102,9 +105,8 @@ class LocalPreprocessing:
     async def generate(
         self, params: TritonRequest, request_id: str
     ) -> AsyncGenerator[TritonOutput, None]:
-        if params.needs_tokenizing and await self._preprocessor() is not None:
-            ids = await self.tokenize(params, request_id)
-            params = replace(params, prompt_ids=tuple(ids))
+        if params.needs_tokenizing and (preprocessor := await self._preprocessor()) is not None:
+            params = replace(params, prompt_ids=tuple(await self._ids(preprocessor, params)))
         async with aclosing(self._engine.generate(params, request_id)) as stream:
             async for output in stream:
                 yield output

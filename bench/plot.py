@@ -25,7 +25,7 @@ def plot(summaries: Sequence[Summary], path: Path) -> None:
 
 def figure(summaries: Sequence[Summary]) -> Figure:
     """Two panels; a scenario measured at one concurrency only is a point. Each scenario has a
-    colour of its own: the default cycle's ten, then Dark2's eight (a sweep draws eleven)."""
+    colour of its own: the default cycle's ten, then Dark2's eight (a sweep draws twelve)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: the benchmark runs headless

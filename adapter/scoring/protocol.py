@@ -54,8 +54,8 @@ class GenerativeScoringRequest(OpenAIRequest):
         default=None,
         min_length=1,
         json_schema_extra=NON_EMPTY_LIST,
-        description="Label texts instead of `label_token_ids`: each label's first token "
-        "(tokenized without special tokens) is scored; the response lists the ids.",
+        description="Label texts instead of `label_token_ids`: each must be exactly one token "
+        "(tokenized without special tokens), else a 400; the response lists the ids.",
     )
 
     @field_validator("query", mode="before")
@@ -113,5 +113,5 @@ class GenerativeScoringResponse(BaseModel):
     data: list[GenerativeScoringItemResult]
     usage: UsageInfo
     label_token_ids: list[int] = Field(
-        description="The ids scored (ours): `label_token_ids`, or each label's first token."
+        description="The ids scored (ours): `label_token_ids`, or each label's token."
     )

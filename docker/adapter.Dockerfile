@@ -1,6 +1,7 @@
 # The adapter image: the OpenAI-compatible HTTP server (`python -m adapter`) alone, in front of
-# Triton's gRPC port. No torch, no transformers: the adapter never tokenizes (Triton's
-# `preprocessing` model does) and reads token bytes from Triton's tensors. Build from the
+# Triton's gRPC port. No torch, no transformers: in this image the adapter cannot tokenize
+# itself (`--local-preprocessing` falls back), so Triton's `preprocessing` model tokenizes every
+# text and chat prompt, and the adapter reads token bytes from Triton's tensors. Build from the
 # repository root:
 #   docker build -f docker/adapter.Dockerfile -t triton-logprobs/adapter .
 #   docker run -p 9000:9000 -e ADAPTER_TRITON_URL=triton-host:8001 triton-logprobs/adapter
@@ -17,7 +18,8 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 WORKDIR /src
 RUN python -m venv /opt/venv
 
-# adapter/ plus backend/ (the adapter imports backend.triton_io, which needs numpy only); the
+# adapter/ plus backend/ (the adapter imports backend.contract, backend.params,
+# backend.structured_output and backend.chat_content, which need numpy at most); the
 # engine's other modules come along as files and are never imported. The `adapter` extra is the
 # adapter's dependencies (pyproject.toml); the project's own are numpy alone.
 COPY pyproject.toml README.md ./

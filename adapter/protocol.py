@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -61,27 +61,45 @@ _SCALARS = {int, float, bool, type(None)}
 """JSON values that hold no text."""
 
 
-def lone_surrogate_at(value: Any, path: tuple[str, ...] = ()) -> tuple[str, ...] | None:
-    """Where in parsed JSON a string (or a key) holds a lone UTF-16 surrogate, or None. JSON can
-    escape one (`"\\ud800"`), but no Unicode text holds it, and encoding it fails later."""
+MAX_NESTING = 128
+"""How deep a request body may nest lists and objects, the body itself one level: far below
+Python's recursion limit, which the walks after the parser's (this module's, the `json.dumps` of
+template variables for Triton, the chat template's) would otherwise reach first, as a 500
+(the parser itself refuses about 965 levels)."""
+
+
+class BodyFault(NamedTuple):
+    """Where a parsed body holds what Triton could not take (`path`: keys and list indexes)."""
+
+    path: tuple[str, ...]
+    too_deep: bool
+    """Nested deeper than `MAX_NESTING`; else a lone surrogate."""
+
+
+def body_fault_at(value: Any, path: tuple[str, ...] = ()) -> BodyFault | None:
+    """The first place in parsed JSON that holds lists and objects nested deeper than
+    `MAX_NESTING`, or a string (or a key) with a lone UTF-16 surrogate, or None. JSON can escape
+    one (`"\\ud800"`), but no Unicode text holds it, and encoding it fails later."""
     if isinstance(value, str):
         if value.isascii():
             return None
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            return path
+            return BodyFault(path, too_deep=False)
         return None
+    if isinstance(value, dict | list) and len(path) >= MAX_NESTING:
+        return BodyFault(path, too_deep=True)
     if isinstance(value, dict):
         for key, item in value.items():
             # A key may hold the surrogate itself: the path escapes it, so the error can be sent.
             where = (*path, str(key).encode("utf-8", "backslashreplace").decode())
-            for found in (lone_surrogate_at(key, where), lone_surrogate_at(item, where)):
+            for found in (body_fault_at(key, where), body_fault_at(item, where)):
                 if found is not None:
                     return found
     elif isinstance(value, list) and not set(map(type, value)) <= _SCALARS:  # ids: in C
         for index, item in enumerate(value):
-            found = lone_surrogate_at(item, (*path, str(index)))
+            found = body_fault_at(item, (*path, str(index)))
             if found is not None:
                 return found
     return None
@@ -122,21 +140,25 @@ class OpenAIBaseModel(BaseModel):
 
 
 class OpenAIRequest(OpenAIBaseModel):
-    """A whole request body: walked once for text Triton could not encode, before any field
-    (its nested objects are `OpenAIBaseModel`s, which the walk has covered)."""
+    """A whole request body: walked once for nesting and text Triton could not take, before any
+    field (its nested objects are `OpenAIBaseModel`s, which the walk has covered)."""
 
     @model_validator(mode="before")
     @classmethod
-    def _reject_lone_surrogates(cls, data: Any) -> Any:
-        """A 400 naming the field, where encoding the text for Triton would raise a 500."""
-        where = lone_surrogate_at(data)
-        if where is not None:
-            raise InvalidRequestError(
+    def _reject_body_faults(cls, data: Any) -> Any:
+        """A 400 naming the field, where a later walk or encoding for Triton would raise a 500."""
+        fault = body_fault_at(data)
+        if fault is None:
+            return data
+        where = fault.path
+        if fault.too_deep:
+            message = f"`{where[0]}` nests lists and objects more than {MAX_NESTING} levels deep."
+        else:
+            message = (
                 f"`{'.'.join(where) or 'the body'}` holds a lone UTF-16 surrogate escape, "
-                "which is not valid Unicode text.",
-                parameter=where[0] if where else None,
+                "which is not valid Unicode text."
             )
-        return data
+        raise InvalidRequestError(message, parameter=where[0] if where else None)
 
 
 class StreamOptions(OpenAIBaseModel):

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from adapter.chat.protocol import ChatCompletionRequest
 from adapter.completions.protocol import CompletionRequest
-from adapter.protocol import INT32_MAX
+from adapter.protocol import INT32_MAX, MAX_NESTING
 from adapter.tokenize.protocol import TokenizeRequest
 from tests.adapter.fakes import FakeEngine, output
 
@@ -26,6 +26,17 @@ def completion(**fields: object) -> dict[str, object]:
 
 def chat(**fields: object) -> dict[str, object]:
     return {"model": "tiny", "messages": MESSAGES, **fields}
+
+
+def nested(depth: int) -> list:
+    """`depth` lists, each in the one before."""
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+DEEP = f"`chat_template_kwargs` nests lists and objects more than {MAX_NESTING} levels deep."
 
 
 @pytest.fixture(autouse=True)
@@ -178,6 +189,12 @@ STANDARD_CASES = [
     ),
     (CHAT, chat(user="\udc00x"), "user", "`user` holds a lone UTF-16 surrogate"),
     (CHAT, chat(**{"x\udc00": 1}), "x\\udc00", "`x\\udc00` holds a lone UTF-16 surrogate"),
+    # Deeper than MAX_NESTING: a later walk (json.dumps for Triton, the template's) would 500.
+    *(
+        (CHAT, chat(chat_template_kwargs={"x": nested(depth)}), "chat_template_kwargs", DEEP)
+        for depth in (MAX_NESTING - 1, 500)
+    ),
+    (COMPLETIONS, completion(prompt=nested(MAX_NESTING)), "prompt", "`prompt` nests lists"),
 ]
 
 
@@ -481,3 +498,12 @@ def test_chat_template_kwargs_reach_the_template_s_request() -> None:
     assert tokenize.to_generation_params().chat_template_kwargs == kwargs
     empty = ChatCompletionRequest(messages=MESSAGES, chat_template_kwargs={})
     assert empty.to_generation_params(default_max_tokens=256)[0].chat_template_kwargs is None
+
+
+def test_a_body_nested_to_the_limit_is_served(client: TestClient, engine: FakeEngine) -> None:
+    """MAX_NESTING levels, the body's own included, pass (one more is a 400 above)."""
+    kwargs = {"x": nested(MAX_NESTING - 2)}
+    response = client.post(CHAT, json=chat(chat_template_kwargs=kwargs))
+    assert response.status_code == 200, response.text
+    [(params, _)] = engine.requests
+    assert params.chat_template_kwargs == kwargs

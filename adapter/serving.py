@@ -18,7 +18,7 @@ from collections.abc import (
 )
 from contextlib import aclosing, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 from pydantic import BaseModel
 
@@ -131,6 +131,17 @@ async def gather_all(
             if discard is not None and not isinstance(result, BaseException):
                 await discard(result)
         raise
+
+
+async def gather_in_order(awaitables: Iterable[Awaitable[T]]) -> list[T]:
+    """Every result once all have ended, or the error of the first in order that failed: for
+    short work (a request's prompts tokenized), so that the request gets the same error whichever
+    failure arrives first."""
+    results = await asyncio.gather(*awaitables, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return cast(list[T], results)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,12 @@ from adapter.logprobs import (
     token_text,
 )
 from adapter.protocol import UsageInfo
-from adapter.serving import SAMPLING_TENSOR_PARAMS, JSONBody, OpenAIServing, gather_all
+from adapter.serving import (
+    SAMPLING_TENSOR_PARAMS,
+    JSONBody,
+    OpenAIServing,
+    gather_in_order,
+)
 from adapter.tensors import TritonOutput, TritonRequest
 from backend import contract
 
@@ -181,10 +186,10 @@ class OpenAIServingCompletion(OpenAIServing):
     ) -> list[TritonRequest]:
         """Several prompts (`n` choices each): each one's ids, checked against the context
         before any of them runs, so that one too long refuses the request, naming its index,
-        before the others generate (vLLM checks every prompt first). A text prompt keeps its
-        text, for `echo`."""
+        before the others generate (vLLM checks every prompt first); of several refused, the
+        first. A text prompt keeps its text, for `echo`."""
         texts = {c.text: c for c in choices if c.needs_tokenizing and c.text is not None}
-        tokenized = await gather_all(
+        tokenized = await gather_in_order(
             self.tokenize(params, f"{request_id}-prompt-{i}", self.tensor_params)
             for i, params in enumerate(texts.values())
         )

@@ -15,7 +15,7 @@ from adapter.scoring.protocol import (
     GenerativeScoringRequest,
     GenerativeScoringResponse,
 )
-from adapter.serving import OpenAIServing, gather_all
+from adapter.serving import OpenAIServing, gather_all, gather_in_order
 from adapter.tensors import TritonRequest
 from backend import contract
 
@@ -51,7 +51,7 @@ class OpenAIServingGenerativeScoring(OpenAIServing):
         label_ids = request.label_token_ids or await self._label_tokens(
             request.labels or [], request_id
         )
-        query, *items = await gather_all(
+        query, *items = await gather_in_order(
             [
                 self._ids(
                     request.query, request.add_special_tokens, f"{request_id}-query", "query"
@@ -128,7 +128,7 @@ class OpenAIServingGenerativeScoring(OpenAIServing):
         """Each label's token. A label of several tokens is refused: its first token alone
         (the space before " yes", say) would score something else; two labels of one token
         could not be told apart."""
-        tokenized = await gather_all(
+        tokenized = await gather_in_order(
             self._ids(label, False, f"{request_id}-label-{i}", "labels")
             for i, label in enumerate(labels)
         )

@@ -11,6 +11,7 @@ from adapter.completions.protocol import CompletionRequest
 from adapter.completions.serving import OpenAIServingCompletion
 from adapter.errors import EngineError, TritonInputError
 from adapter.models import OpenAIServingModels
+from adapter.tensors import TritonRequest
 from backend import contract
 from tests.adapter.fakes import FakeEngine, output
 from tests.adapter.sse import sse_payloads
@@ -415,6 +416,28 @@ def test_a_batch_with_one_prompt_too_long_starts_none(
     assert texts == ["abaz", "abaz", "x" * 50 + "az", "x" * 50 + "az"]
     sent = [(params.text, params.prompt_ids) for params, _ in engine.requests]
     assert sorted(sent) == [("ab", (97, 98))] * 2 + [("x" * 50, (120,) * 50)] * 2
+
+
+def test_of_several_refused_prompts_the_first_is_answered(
+    engine: FakeEngine, client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whichever refusal arrives first, the request gets the first prompt's: here the second
+    prompt's tokenizing fails before the first's does."""
+    second_failed = asyncio.Event()
+
+    async def tokenize(params: TritonRequest, request_id: str) -> list[int]:
+        if params.text == "first":
+            await second_failed.wait()
+        else:
+            second_failed.set()
+        raise TritonInputError(contract.TEXT_INPUT, f"{params.text!r} is refused")
+
+    monkeypatch.setattr(engine, "tokenize", tokenize)
+    response = client.post(URL, json={"model": "tiny", "prompt": ["first", "second"]})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["param"], error["message"]) == ("prompt", "prompt: 'first' is refused")
+    assert engine.requests == []
 
 
 def test_n_streams_tag_each_chunk_with_its_choice(engine: FakeEngine, client: TestClient) -> None:

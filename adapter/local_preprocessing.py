@@ -30,18 +30,25 @@ logger = logging.getLogger(__name__)
 
 def load_preprocessor(info: ModelInfo) -> Preprocessor | None:
     """The `llm` model's tokenizer and chat template, as `preprocessing` loads them; None where
-    this host cannot (no such folder, no `transformers`, a folder it cannot read)."""
-    if info.model_path is None or not Path(info.model_path).is_dir():
-        logger.info("prompts are tokenized by Triton: no model folder %s here", info.model_path)
+    this host cannot (no such folder, no `transformers`, a folder it cannot read), or where the
+    path is relative: Triton reads it from its model repository, which the adapter does not
+    know."""
+    path = None if info.model_path is None else Path(info.model_path)
+    if path is None or not path.is_absolute() or not path.is_dir():
+        logger.info(
+            "prompts are tokenized by Triton: %s is no model folder here (a relative path is "
+            "in Triton's model repository)",
+            info.model_path,
+        )
         return None
     try:
         from backend.preprocessing import Preprocessor
 
-        preprocessor = Preprocessor(info.model_path, info.max_model_len or 0)
+        preprocessor = Preprocessor(str(path), info.max_model_len or 0)
     except Exception as exc:  # ImportError, OSError, a tokenizer transformers cannot load
-        logger.warning("prompts are tokenized by Triton: cannot load %s: %s", info.model_path, exc)
+        logger.warning("prompts are tokenized by Triton: cannot load %s: %s", path, exc)
         return None
-    logger.info("prompts are tokenized in the adapter, with %s", info.model_path)
+    logger.info("prompts are tokenized in the adapter, with %s", path)
     return preprocessor
 
 

@@ -35,9 +35,10 @@ class AdapterSettings(BaseSettings):
     local_preprocessing: bool = Field(
         default=True,
         description="Tokenize text and chat prompts in the adapter, with the `llm` model's "
-        "tokenizer and chat template read from its `model_path`, where this host has that "
-        "folder and `transformers` (as `make serve` does; the adapter's image does not): a "
-        "Triton round trip less per request. Elsewhere, or when false, `preprocessing` does it.",
+        "tokenizer and chat template read from its `model_path`, where it is absolute and this "
+        "host has that folder and `transformers` (as `make serve` does; the adapter's image "
+        "does not): a Triton round trip less per request. Elsewhere, or when false, "
+        "`preprocessing` does it.",
     )
     llm_model: str = Field(
         default="llm", description="Triton generation model; holds the config parameters."

@@ -107,6 +107,20 @@ def test_without_the_models_folder_preprocessing_tokenizes(
     assert [params.text for params in engine.tokenized] == [TEXT]
 
 
+def test_a_relative_model_path_is_left_to_preprocessing(
+    engine: FakeEngine, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Triton reads a relative `model_path` from its model repository, which the adapter does
+    not know: a folder of that name here (the model's own, even) is not taken for it."""
+    monkeypatch.chdir(model_dir.parent)
+    engine.info = replace(engine.info, model_path=model_dir.name)
+    with app_client(engine) as client:
+        assert client.post("/tokenize", json={"prompt": TEXT}).json()["tokens"] == list(
+            TEXT.encode()
+        )
+    assert [params.text for params in engine.tokenized] == [TEXT]
+
+
 def test_switched_off_preprocessing_tokenizes(engine: FakeEngine) -> None:
     with app_client(engine, local_preprocessing=False) as client:
         chat = {"messages": MESSAGES, "max_tokens": 1}

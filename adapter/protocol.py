@@ -69,7 +69,7 @@ template variables for Triton, the chat template's) would otherwise reach first,
 
 
 class BodyFault(NamedTuple):
-    """Where a parsed body holds what Triton could not take (`path`: keys and list indexes)."""
+    """Where a parsed body holds what the server cannot take (`path`: keys and list indexes)."""
 
     path: tuple[str, ...]
     too_deep: bool

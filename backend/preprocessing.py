@@ -229,5 +229,15 @@ class Preprocessor:
                 f"context length of {self.max_model_len} tokens can hold: at most "
                 f"{self.max_prompt_chars} ({self._longest_token} a token at most)",
             )
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError:
+            # JSON escapes one (`"\\ud800"`) into MESSAGES or CHAT_TEMPLATE_KWARGS, which the
+            # tokenizer would refuse with a TypeError; a text prompt was decoded from UTF-8.
+            raise InvalidInputError(
+                MESSAGES,
+                "the chat template's text holds a lone UTF-16 surrogate escape, which is not "
+                "valid Unicode text",
+            ) from None
         ids = self.tokenizer(prompt, add_special_tokens=add)["input_ids"]
         return np.asarray(ids, dtype=np.int32)

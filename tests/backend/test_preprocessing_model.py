@@ -132,6 +132,9 @@ def test_add_special_tokens_is_forwarded(preprocessing_model: Any, model_dir: Pa
         assert ids_of(response) == tokenizer(model_dir)(TEXT)["input_ids"]
 
 
+LONE_SURROGATE = (
+    "the chat template's text holds a lone UTF-16 surrogate escape, which is not valid Unicode text"
+)
 ONE_INPUT = (
     "TEXT_INPUT: give exactly one of TEXT_INPUT, MESSAGES, INPUT_IDS (the ensemble takes "
     "TEXT_INPUT or MESSAGES; token ids go to llm's INPUT_IDS)"
@@ -154,6 +157,14 @@ ONE_INPUT = (
             "MESSAGES: a message's `content` must be a string or a list of text parts",
         ),
         ({MESSAGES: string("[" * 100_000 + "]" * 100_000)}, "MESSAGES: is nested too deeply"),
+        # JSON may escape a lone surrogate; no UTF-8 text holds one, so the tokenizer would fail.
+        *(
+            ({MESSAGES: string(messages)}, f"MESSAGES: {LONE_SURROGATE}")
+            for messages in [
+                '[{"role": "user", "content": "a\\ud800b"}]',
+                '[{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]',
+            ]
+        ),
         ({TEXT_INPUT: string(b"\xff")}, "TEXT_INPUT: is not valid UTF-8"),
         (
             {MESSAGES: string(json.dumps(PREFILLED)), CONTINUE_FINAL_MESSAGE: np.array([True])},

@@ -219,6 +219,16 @@ class Preprocessor:
                 # (OverflowError), a value nested too deep for transformers' walk of it
                 raise InvalidInputError(MESSAGES, f"the chat template refused them: {exc}") from exc
             prompt = str(rendered)  # tokenize=False: the template's text
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError:
+                # JSON escapes one (`"\\ud800"`) into MESSAGES or CHAT_TEMPLATE_KWARGS, which the
+                # tokenizer would refuse with a TypeError (a text prompt is decoded from UTF-8).
+                raise InvalidInputError(
+                    MESSAGES,
+                    "the chat template's text holds a lone UTF-16 surrogate escape, which is not "
+                    "valid Unicode text",
+                ) from None
             add = bool(add_special_tokens)
         if len(prompt) > self.max_prompt_chars:
             # A tokenizer takes seconds for megabytes, and this model's one instance would hold
@@ -229,15 +239,5 @@ class Preprocessor:
                 f"context length of {self.max_model_len} tokens can hold: at most "
                 f"{self.max_prompt_chars} ({self._longest_token} a token at most)",
             )
-        try:
-            prompt.encode("utf-8")
-        except UnicodeEncodeError:
-            # JSON escapes one (`"\\ud800"`) into MESSAGES or CHAT_TEMPLATE_KWARGS, which the
-            # tokenizer would refuse with a TypeError; a text prompt was decoded from UTF-8.
-            raise InvalidInputError(
-                MESSAGES,
-                "the chat template's text holds a lone UTF-16 surrogate escape, which is not "
-                "valid Unicode text",
-            ) from None
         ids = self.tokenizer(prompt, add_special_tokens=add)["input_ids"]
         return np.asarray(ids, dtype=np.int32)
